@@ -1,0 +1,196 @@
+"""Validation of the locked experiment config, run before anything compiles.
+
+`validate(config)` raises `ConfigError` whose message names the key, the offending value and what is
+allowed. The name tuples below are the single source of the choices the rest of the package accepts.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import ml_collections
+
+ALGORITHMS = ("ppo", "dapo", "grpo", "drgrpo")
+ADV_ESTIMATORS = ("gae", "grpo")
+FILTER_STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
+FILTER_TYPES = ("largest", "smallest")
+FILTER_METRICS = ("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance", "length")
+VARIANCE_FILTER_METRICS = ("reward_variance", "entropy_variance")
+TOP_P_MODES = ("linear", "softmax")
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSS_SCALINGS = ("none", "linear", "sqrt")
+REWARD_NORMALIZATIONS = ("identity", "mean", "mean_std", "asym_clip")
+BUCKET_MODES = ("quantile", "fixed_rv")
+TOKENIZER_KINDS = ("builtin", "json")
+CHAT_FORMATS = ("plain", "chatml", "llama3")
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+# Keys that must be >= 0: coefficients, learning rates, penalties' magnitudes are signed and excluded.
+NON_NEGATIVE_KEYS = (
+    "algo.entropy_coeff",
+    "algo.kl_loss_coef",
+    "algo.kl_coef",
+    "algo.clip_ratio_low",
+    "algo.clip_ratio_high",
+    "algo.value_clip",
+    "algo.gamma",
+    "algo.lam",
+    "algo.high_level_gamma",
+    "optim.actor_lr",
+    "optim.critic_lr",
+    "optim.weight_decay",
+    "optim.grad_clip",
+    "train.sft_lr",
+    "rollout.temperature",
+    "rollout.val_temperature",
+    "filter.eps",
+)
+POSITIVE_INT_KEYS = (
+    "rollout.num_groups",
+    "rollout.group_size",
+    "rollout.max_turn",
+    "rollout.max_actions_per_turn",
+    "rollout.max_actions_per_traj",
+    "rollout.response_length",
+    "rollout.max_model_len",
+    "rollout.val_num_groups",
+    "rollout.val_group_size",
+    "algo.ppo_epochs",
+    "algo.ppo_mini_batch_size",
+    "diagnostics.num_samples",
+)
+
+
+class ConfigError(ValueError):
+    """An invalid config value; the message names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"config.{key} = {value!r} is invalid: {allowed}")
+
+
+def _get(config: ml_collections.ConfigDict, key: str) -> Any:
+    node = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _check_choice(config, key: str, choices: Iterable[str]) -> None:
+    value = _get(config, key)
+    if value not in choices:
+        raise ConfigError(key, value, "allowed values are " + ", ".join(repr(c) for c in choices))
+
+
+def _check_filter_value(config) -> None:
+    strategy, value = config.filter.strategy, config.filter.value
+    if strategy == "top_k_abs":
+        ok, allowed = value >= 1, "top_k_abs needs an absolute group count >= 1"
+    else:
+        ok, allowed = 0.0 < value <= 1.0, f"{strategy} needs a value in (0, 1]"
+    if not ok or not math.isfinite(value):
+        raise ConfigError("filter.value", value, allowed)
+
+
+def mesh_data_size(config: ml_collections.ConfigDict, num_devices: int) -> int:
+    """The size of the mesh's `data` axis once `-1` is resolved against `num_devices`."""
+    fixed = config.mesh.fsdp * config.mesh.sweep
+    if config.mesh.data == -1:
+        if num_devices % fixed:
+            raise ConfigError("mesh.fsdp", config.mesh.fsdp, f"fsdp * sweep = {fixed} must divide the {num_devices} devices")
+        return num_devices // fixed
+    if config.mesh.data * fixed != num_devices:
+        raise ConfigError(
+            "mesh.data", config.mesh.data, f"data * fsdp * sweep must equal the {num_devices} devices (or data = -1)"
+        )
+    return config.mesh.data
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> ml_collections.ConfigDict:
+    """Checks every constraint that would otherwise fail late (or silently) inside a compiled step.
+
+    Args:
+      config: a config built from `configs.base.get_config()`.
+      num_devices: devices the mesh spans; `None` means `jax.device_count()`.
+    Returns:
+      The same config, for chaining.
+    Raises:
+      ConfigError: naming the first offending key.
+    """
+    _check_choice(config, "algo.name", ALGORITHMS)
+    _check_choice(config, "algo.adv_estimator", ADV_ESTIMATORS)
+    _check_choice(config, "algo.kl_loss_type", KL_ESTIMATORS)
+    _check_choice(config, "algo.kl_penalty", KL_ESTIMATORS)
+    _check_choice(config, "algo.loss_agg_mode", LOSS_AGG_MODES)
+    _check_choice(config, "filter.strategy", FILTER_STRATEGIES)
+    _check_choice(config, "filter.type", FILTER_TYPES)
+    _check_choice(config, "filter.metric", FILTER_METRICS)
+    _check_choice(config, "filter.top_p_mode", TOP_P_MODES)
+    _check_choice(config, "filter.loss_scaling", LOSS_SCALINGS)
+    _check_choice(config, "rollout.reward_normalization", REWARD_NORMALIZATIONS)
+    _check_choice(config, "diagnostics.grad_analysis_bucket_mode", BUCKET_MODES)
+    _check_choice(config, "tokenizer.kind", TOKENIZER_KINDS)
+    _check_choice(config, "tokenizer.chat_format", CHAT_FORMATS)
+    _check_choice(config, "model.compute_dtype", COMPUTE_DTYPES)
+    _check_filter_value(config)
+
+    for key in NON_NEGATIVE_KEYS:
+        value = _get(config, key)
+        if not value >= 0:
+            raise ConfigError(key, value, "must be >= 0")
+    for key in POSITIVE_INT_KEYS:
+        value = _get(config, key)
+        if not value >= 1:
+            raise ConfigError(key, value, "must be >= 1")
+
+    group_size = config.rollout.group_size
+    if group_size < 2 and config.filter.metric in VARIANCE_FILTER_METRICS:
+        raise ConfigError(
+            "rollout.group_size", group_size, f"filter.metric={config.filter.metric!r} needs a group_size >= 2"
+        )
+    if group_size < 2 and config.algo.adv_estimator == "grpo":
+        raise ConfigError("rollout.group_size", group_size, "the grpo advantage estimator needs a group_size >= 2")
+    if config.tokenizer.kind == "json" and not config.tokenizer.path:
+        raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='json' needs the path of a tokenizer.json")
+
+    if num_devices is None:
+        import jax  # deferred: validating a config should not need a backend unless asked
+
+        num_devices = jax.device_count()
+    data = mesh_data_size(config, num_devices)
+    batch = config.rollout.num_groups * group_size
+    if batch % data:
+        raise ConfigError(
+            "rollout.num_groups", config.rollout.num_groups,
+            f"the batch num_groups * group_size = {batch} must be divisible by the mesh's data axis ({data})",
+        )
+    if batch % config.algo.ppo_mini_batch_size:
+        raise ConfigError(
+            "algo.ppo_mini_batch_size", config.algo.ppo_mini_batch_size,
+            f"must divide the batch num_groups * group_size = {batch}",
+        )
+    return config
+
+
+def load(argv: list[str]) -> ml_collections.ConfigDict:
+    """Parses `--config=FILE` plus `--config.a.b=value` overrides from a command line, then validates.
+
+    `argv[0]` is the program name, as in `sys.argv`. The config file's `get_config()` must return a locked
+    ConfigDict, so an override naming a key that does not exist (a typo) raises instead of being ignored.
+
+    Example:
+      load(["train", "--config=configs/base.py", "--config.filter.value=0.9"])
+    """
+    from absl import flags
+    from ml_collections import config_flags
+
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file(
+        "config", default=None, help_string="experiment config file", flag_values=flag_values, lock_config=True,
+        sys_argv=list(argv),
+    )
+    flag_values(list(argv))
+    if flag_values.config is None:
+        raise ConfigError("--config", None, "pass --config=configs/<task>.py")
+    return validate(flag_values.config)

@@ -1,0 +1,41 @@
+"""ragen-jax: a JAX-native implementation of RAGEN-2 (StarPO, SNR-aware filtering, collapse diagnostics)."""
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "gymnax==1.0.1",
+    "six==1.17.0",  # gymnax imports it without declaring it
+    "tensorflow-datasets==4.9.10",
+    "importlib_resources==6.5.2",  # tfds needs it without declaring it
+    "ml-collections==1.1.0",
+    "chex==0.1.92",
+    "numpy==2.3.5",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "matplotlib==3.11.2",
+    "tqdm==4.70.1",
+    "tensorboardX==2.6.5",  # TensorBoard event files without TensorFlow
+]
+
+TEST_REQUIRES = [
+    "pytest==9.2.0",
+    "hypothesis==6.170.15",
+    "torch==2.13.0",  # exactly: an unpinned torch pulls a multi-GB GPU build
+    "transformers==5.23.0",
+]
+
+setup(
+    name="ragen-jax",
+    version="0.1.0",
+    description="RAGEN-2 in JAX: multi-turn agent RL, SNR-aware filtering and collapse diagnostics in one compiled step",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["ragen_jax", "ragen_jax.*", "environments", "environments.*", "configs", "configs.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+)

@@ -1,0 +1,169 @@
+"""The locked config schema, its RAGEN-2 defaults, and every validation error."""
+import os
+
+import jax
+import ml_collections
+import pytest
+
+from configs import base
+from ragen_jax import config as cfg
+
+BASE_FILE = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "base.py")
+
+
+@pytest.fixture
+def config():
+    return base.get_config()
+
+
+def test_eight_fake_devices_are_visible():
+    assert jax.device_count() == 8
+    assert all(d.platform == "cpu" for d in jax.devices())
+
+
+def test_defaults_are_ragen2(config):
+    assert (config.rollout.num_groups, config.rollout.group_size) == (8, 16)
+    assert (config.rollout.max_turn, config.rollout.max_actions_per_turn) == (5, 2)
+    assert config.rollout.format_penalty == pytest.approx(-0.1)
+    assert (config.algo.name, config.algo.adv_estimator, config.algo.gamma, config.algo.lam) == ("ppo", "gae", 1.0, 1.0)
+    assert (config.algo.clip_ratio_low, config.algo.clip_ratio_high, config.algo.clip_ratio_c) == (0.2, 0.28, 3.0)
+    assert config.algo.entropy_coeff == pytest.approx(0.001)
+    assert not config.algo.use_kl_loss and config.algo.kl_loss_coef == 0.0
+    assert (config.optim.actor_lr, config.optim.critic_lr) == (1e-6, 1e-5)
+    f = config.filter
+    assert (f.strategy, f.value, f.include_zero, f.top_p_mode, f.eps) == ("top_p", 1.0, True, "linear", 0.01)
+    assert (config.diagnostics.collapse_every, config.diagnostics.num_samples) == (1, 64)
+    assert set(config.keys()) == {
+        "model", "tokenizer", "env", "rollout", "algo", "filter", "diagnostics", "optim", "train", "checkpoint",
+        "logging", "mesh",
+    }
+    assert cfg.validate(config, num_devices=8) is config
+
+
+def test_every_key_has_a_comment():
+    """Each `c.key = value` line of the schema carries a one-line `#` comment."""
+    with open(BASE_FILE) as f:
+        assignments = [line for line in f if line.strip().startswith("c.") and "=" in line]
+    assert len(assignments) > 80
+    missing = [line.strip() for line in assignments if "  # " not in line]
+    assert not missing, missing
+
+
+def test_config_is_locked(config):
+    with pytest.raises(AttributeError):
+        config.filtr = ml_collections.ConfigDict()
+    with pytest.raises(AttributeError):
+        config.filter.vaule = 0.9
+
+
+def _set(config, key, value):
+    section, name = key.split(".")
+    config[section][name] = value
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("algo.name", "reinforce"),
+        ("algo.adv_estimator", "rloo"),
+        ("filter.strategy", "top_q"),
+        ("filter.metric", "reward_std_dev"),
+        ("filter.top_p_mode", "cubic"),
+        ("filter.type", "biggest"),
+        ("filter.loss_scaling", "log"),
+        ("algo.kl_loss_type", "k4"),
+        ("algo.kl_penalty", "forward"),
+        ("algo.loss_agg_mode", "token-sum"),
+        ("tokenizer.chat_format", "alpaca"),
+        ("model.compute_dtype", "float16"),
+    ],
+)
+def test_unknown_names(config, key, value):
+    _set(config, key, value)
+    with pytest.raises(cfg.ConfigError, match=f"config.{key}") as err:
+        cfg.validate(config, num_devices=8)
+    assert repr(value) in str(err.value) and "allowed values" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "strategy,value,ok",
+    [
+        ("top_p", 0.0, False), ("top_p", 1.01, False), ("top_p", 1.0, True), ("top_p", 0.9, True),
+        ("top_k", 0.0, False), ("top_k", 1.5, False), ("top_k", 0.25, True),
+        ("top_k_abs", 0.5, False), ("top_k_abs", 3.0, True), ("top_k_abs", 12.0, True),
+        ("min_p", 0.0, False), ("min_p", 2.0, False), ("min_p", 0.5, True),
+    ],
+)
+def test_filter_value_range_per_strategy(config, strategy, value, ok):
+    config.filter.strategy, config.filter.value = strategy, value
+    if ok:
+        cfg.validate(config, num_devices=8)
+    else:
+        with pytest.raises(cfg.ConfigError, match="config.filter.value") as err:
+            cfg.validate(config, num_devices=8)
+        assert strategy in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "key", ["algo.entropy_coeff", "algo.kl_loss_coef", "algo.kl_coef", "optim.actor_lr", "optim.critic_lr", "train.sft_lr"]
+)
+def test_negative_coefficients_and_learning_rates(config, key):
+    _set(config, key, -1e-3)
+    with pytest.raises(cfg.ConfigError, match=f"config.{key} = -0.001"):
+        cfg.validate(config, num_devices=8)
+
+
+@pytest.mark.parametrize("metric", ["reward_variance", "entropy_variance"])
+def test_group_size_one_with_variance_metric(config, metric):
+    config.rollout.group_size, config.filter.metric = 1, metric
+    config.algo.ppo_mini_batch_size = 8
+    with pytest.raises(cfg.ConfigError, match="config.rollout.group_size = 1") as err:
+        cfg.validate(config, num_devices=8)
+    assert metric in str(err.value)
+    config.filter.metric = "reward"
+    cfg.validate(config, num_devices=8)
+
+
+def test_group_size_one_with_grpo(config):
+    config.rollout.group_size, config.filter.metric, config.algo.ppo_mini_batch_size = 1, "reward", 8
+    config.algo.adv_estimator = "grpo"
+    with pytest.raises(cfg.ConfigError, match="config.rollout.group_size = 1.*grpo"):
+        cfg.validate(config, num_devices=8)
+
+
+def test_batch_not_divisible_by_data_axis(config):
+    config.rollout.num_groups, config.rollout.group_size, config.algo.ppo_mini_batch_size = 3, 2, 2
+    with pytest.raises(cfg.ConfigError, match=r"config.rollout.num_groups = 3.*data axis \(8\)"):
+        cfg.validate(config, num_devices=8)
+    cfg.validate(config, num_devices=2)  # 6 rows over a data axis of 2 is fine
+    config.mesh.data, config.mesh.fsdp = 4, 2
+    with pytest.raises(cfg.ConfigError, match=r"data axis \(4\)"):
+        cfg.validate(config, num_devices=8)
+
+
+def test_mesh_must_cover_the_devices(config):
+    config.mesh.data = 3
+    with pytest.raises(cfg.ConfigError, match="config.mesh.data = 3"):
+        cfg.validate(config, num_devices=8)
+
+
+@pytest.mark.parametrize("key", ["rollout.max_turn", "rollout.max_actions_per_turn"])
+def test_turn_and_action_limits(config, key):
+    _set(config, key, 0)
+    with pytest.raises(cfg.ConfigError, match=f"config.{key} = 0 is invalid: must be >= 1"):
+        cfg.validate(config, num_devices=8)
+
+
+def test_command_line_overrides():
+    config = cfg.load(["prog", f"--config={BASE_FILE}", "--config.filter.value=0.9", "--config.algo.name=grpo"])
+    assert config.filter.value == 0.9 and config.algo.name == "grpo"
+
+
+def test_command_line_typo_fails_because_the_config_is_locked():
+    with pytest.raises(Exception, match="filtr"):
+        cfg.load(["prog", f"--config={BASE_FILE}", "--config.filtr.value=0.9"])
+
+
+def test_command_line_override_is_validated():
+    with pytest.raises(cfg.ConfigError, match="config.filter.strategy = 'top_q'"):
+        cfg.load(["prog", f"--config={BASE_FILE}", "--config.filter.strategy=top_q"])
