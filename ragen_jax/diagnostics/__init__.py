@@ -1,0 +1,1 @@
+"""Collapse diagnostics (MI proxies of reasoning collapse, spec D) and gradient-component analysis (spec E.3)."""

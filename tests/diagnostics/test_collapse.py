@@ -1,0 +1,185 @@
+"""collapse_metrics against the worked example of spec D.8, a numpy reference of D.4/D.5, and generative batches."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ragen_jax.diagnostics import collapse
+
+_metrics = jax.jit(collapse.collapse_metrics)
+
+
+def _run(logp_mean, logp_sum, true_col, sig, row_valid, ema, col_valid=None):
+    out, new_ema = _metrics(
+        jnp.asarray(logp_mean, jnp.float32), jnp.asarray(logp_sum, jnp.float32), jnp.asarray(true_col, jnp.int32),
+        jnp.asarray(sig, jnp.int32), jnp.asarray(row_valid, bool), ema,
+        col_valid=None if col_valid is None else jnp.asarray(col_valid, bool),
+    )
+    return {k: float(v) for k, v in out.items()}, new_ema
+
+
+# ---------------------------------------------------------------- numpy reference of spec D.4 / D.5 (RAGEN's order)
+def _reference(lp, lps, true_col, sig, ema_std=None, ema_std_seq=None, eps=1e-3, decay=0.9):
+    """Rows and columns here are only the valid ones; `sig` holds arbitrary hashables."""
+    n = lp.shape[1]
+    rows = np.arange(lp.shape[0])
+
+    def stats(m):
+        matched = m[rows, true_col]
+        mx = m.max(axis=1, keepdims=True)
+        marginal = np.log(np.exp(m - mx).sum(axis=1)) + mx[:, 0] - math.log(n)
+        return matched, marginal
+
+    matched, marginal = stats(lp)
+    matched_s, marginal_s = stats(lps)
+    out = {
+        "mi_estimate": matched.mean() - marginal.mean(),
+        "mi_seq_estimate": (matched_s - marginal_s).mean(),
+        "mi_upper_bound": math.log(n),
+        "matched_log_prob_mean": matched.mean(),
+        "marginal_log_prob_mean": marginal.mean(),
+        "conditional_entropy_est": -matched.mean(),
+        "reasoning_entropy_est": -marginal.mean(),
+        "conditional_entropy_seq_est": -matched_s.mean(),
+        "reasoning_entropy_seq_est": -marginal_s.mean(),
+    }
+    sig_ids = {}
+    col_sig = np.array([sig_ids.setdefault(s, len(sig_ids)) for s in sig])
+    true_sig = col_sig[true_col]
+    pred = np.array([int(np.argmax(r)) for r in lp])
+    acc = float(np.mean(col_sig[pred] == true_sig))
+    counts = np.bincount(col_sig)
+    chance = float(np.mean(counts[true_sig] / n))
+    out.update(retrieval_accuracy=acc, retrieval_chance_level=chance, retrieval_above_chance=acc - chance)
+    k_max = min(8, n)
+    order = np.array([sorted(range(n), key=lambda j: (-r[j], j)) for r in lp])  # stable: lower column on ties
+    for k in (2, 4, 8):
+        k_eff = min(k, k_max)
+        hit = np.array([true_sig[i] in set(col_sig[order[i, :k_eff]]) for i in rows])
+        chance_k = min(1.0, chance * k_eff)
+        out[f"retrieval_accuracy@{k}"] = hit.mean()
+        out[f"retrieval_chance_level@{k}"] = chance_k
+        out[f"retrieval_above_chance@{k}"] = hit.mean() - chance_k
+    std, std_s = marginal.std(), marginal_s.std()
+    ema = std if ema_std is None else decay * ema_std + (1 - decay) * std
+    ema_s = std_s if ema_std_seq is None else decay * ema_std_seq + (1 - decay) * std_s
+    out.update(
+        marginal_std=std, marginal_std_seq=std_s,
+        mi_zscore=np.mean((matched - marginal) / (std + eps)), mi_zscore_seq=np.mean((matched_s - marginal_s) / (std_s + eps)),
+        marginal_std_ema=ema, marginal_std_ema_seq=ema_s,
+        mi_zscore_ema=np.mean((matched - marginal) / (ema + eps)),
+        mi_zscore_ema_seq=np.mean((matched_s - marginal_s) / (ema_s + eps)),
+        num_pairs=len(rows), num_prompts=n,
+    )
+    return out
+
+
+# ---------------------------------------------------------------- spec D.8
+def test_worked_example_healthy():
+    lp = np.array([[-1.0, -2.0], [-1.2, -1.5], [-2.5, -0.8], [-1.1, -1.0]])
+    m, ema = _run(lp, 10 * lp, [0, 0, 1, 1], [0, 1], [True] * 4, collapse.init_ema())
+    assert m["conditional_entropy_est"] == pytest.approx(1.0, abs=1e-6)
+    assert m["reasoning_entropy_est"] == pytest.approx(1.273197, abs=1e-6)
+    assert m["marginal_log_prob_mean"] == pytest.approx(-1.273197, abs=1e-6)
+    assert m["mi_estimate"] == pytest.approx(0.273197, abs=1e-6)
+    assert m["mi_upper_bound"] == pytest.approx(0.693147, abs=1e-6)
+    assert m["marginal_std"] == pytest.approx(0.131132, abs=1e-6)
+    assert m["mi_zscore"] == pytest.approx(2.0676, abs=1e-4)
+    assert m["marginal_std_ema"] == pytest.approx(0.131132, abs=1e-6)
+    assert m["mi_zscore_ema"] == pytest.approx(2.0676, abs=1e-4)
+    assert m["retrieval_accuracy"] == 1.0 and m["retrieval_chance_level"] == 0.5
+    assert m["retrieval_above_chance"] == 0.5
+    for k in (2, 4, 8):
+        assert m[f"retrieval_accuracy@{k}"] == 1.0 and m[f"retrieval_chance_level@{k}"] == 1.0
+    assert bool(ema["initialised"]) and float(ema["marginal_std"]) == pytest.approx(0.131132, abs=1e-6)
+
+
+def test_worked_example_collapsed():
+    lp = np.array([[-1.0, -1.01], [-1.2, -1.19], [-1.1, -1.1], [-1.3, -1.29]])
+    m, _ = _run(lp, lp, [0, 0, 1, 1], [0, 1], [True] * 4, collapse.init_ema())
+    assert m["mi_estimate"] == pytest.approx(0.00124, abs=1e-5)
+    assert m["retrieval_accuracy"] == 0.5 == m["retrieval_chance_level"]
+    assert m["retrieval_above_chance"] == 0.0
+
+
+def test_duplicate_signature_chance_example():
+    """Spec D.5: columns [A, A, B, C], one row per column -> chance 0.375."""
+    lp = -np.random.default_rng(0).random((4, 4))
+    m, _ = _run(lp, lp, [0, 1, 2, 3], [7, 7, 3, 9], [True] * 4, collapse.init_ema())
+    assert m["retrieval_chance_level"] == pytest.approx(0.375)
+
+
+# ---------------------------------------------------------------- randomised against the reference
+@pytest.mark.parametrize("seed", range(6))
+def test_random_matrices_match_reference(seed):
+    rng = np.random.default_rng(seed)
+    rows, cols = 12, 10  # fixed padded shape (one compile); the valid counts vary below
+    n_cols = int(rng.integers(2, cols + 1))  # often fewer than 8 columns
+    col_valid = np.zeros(cols, bool)
+    col_valid[rng.choice(cols, n_cols, replace=False)] = True
+    sig = rng.integers(0, max(1, n_cols // 2 + 1), cols)  # duplicate signatures
+    true_col = rng.choice(np.flatnonzero(col_valid), rows)
+    row_valid = rng.random(rows) < 0.8
+    row_valid[0] = True
+    if seed % 2:  # rows pointing at an invalid column are dropped too
+        true_col[1] = np.flatnonzero(~col_valid)[0] if (~col_valid).any() else true_col[1]
+    lp = rng.normal(-2.0, 1.0, (rows, cols))
+    lp[:, 3] = lp[:, 2]  # exact ties exercise the first-max rule
+    lp[2, :] = lp[2, 0]  # a row that ties everywhere
+    lps = lp * rng.integers(1, 30, (rows, 1))
+    ema_in = {"initialised": jnp.array(bool(seed % 3)), "marginal_std": jnp.float32(0.7),
+              "marginal_std_seq": jnp.float32(5.0)}
+
+    got, ema = _run(lp, lps, true_col, sig, row_valid, ema_in, col_valid)
+
+    keep_rows = row_valid & col_valid[true_col]
+    col_index = np.cumsum(col_valid) - 1
+    prior = (0.7, 5.0) if seed % 3 else (None, None)
+    want = _reference(lp[keep_rows][:, col_valid].astype(np.float32), lps[keep_rows][:, col_valid].astype(np.float32),
+                      col_index[true_col[keep_rows]], list(sig[col_valid]), *prior)
+    assert set(got) == set(collapse.METRIC_NAMES)
+    for name in collapse.METRIC_NAMES:
+        assert got[name] == pytest.approx(float(want[name]), rel=1e-4, abs=1e-4), name
+    assert float(ema["marginal_std"]) == pytest.approx(want["marginal_std_ema"], rel=1e-5)
+
+
+def test_too_few_columns_gives_nan_and_keeps_ema():
+    lp = -np.ones((3, 4))
+    ema_in = {"initialised": jnp.array(True), "marginal_std": jnp.float32(0.3), "marginal_std_seq": jnp.float32(2.0)}
+    m, ema = _run(lp, lp, [1, 1, 1], [0, 1, 2, 3], [True] * 3, ema_in, col_valid=[False, True, False, False])
+    assert math.isnan(m["mi_estimate"]) and math.isnan(m["retrieval_accuracy"])
+    assert m["num_prompts"] == 1.0
+    assert float(ema["marginal_std"]) == pytest.approx(0.3) and float(ema["marginal_std_seq"]) == pytest.approx(2.0)
+
+
+# ---------------------------------------------------------------- generative batches: template collapse vs healthy
+def _generative_matrix(rng, coupling, num_prompts=8, rows_per_prompt=64, vocab=32, length=24):
+    """Reasoning tokens i.i.d. from softmax(base + coupling * u_x); returns exact per-token mean log-probs."""
+    base = rng.normal(0, 1, vocab)
+    logits = base[None] + coupling * rng.normal(0, 1, (num_prompts, vocab))
+    logq = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    true_col = np.repeat(np.arange(num_prompts), rows_per_prompt)
+    z = np.stack([rng.choice(vocab, length, p=np.exp(logq[c])) for c in true_col])
+    lps = logq[:, z].sum(-1).T  # [R, C]
+    return lps / length, lps, true_col
+
+
+def test_template_collapse_gives_zero_mi_and_chance_accuracy():
+    rng = np.random.default_rng(1)
+    lp, lps, true_col = _generative_matrix(rng, coupling=0.01)
+    m, _ = _run(lp, lps, true_col, np.arange(8), np.ones(len(true_col), bool), collapse.init_ema())
+    assert abs(m["mi_estimate"]) < 0.01
+    se = math.sqrt(0.125 * 0.875 / len(true_col))
+    assert abs(m["retrieval_accuracy"] - m["retrieval_chance_level"]) < 4 * se + 0.03
+    assert m["reasoning_entropy_est"] > 2.5  # reasoning stays diverse: high H(Z), low I(X;Z)
+
+
+def test_input_dependent_reasoning_gives_mi_near_log_c():
+    rng = np.random.default_rng(2)
+    lp, lps, true_col = _generative_matrix(rng, coupling=4.0)
+    m, _ = _run(lp, lps, true_col, np.arange(8), np.ones(len(true_col), bool), collapse.init_ema())
+    assert m["mi_seq_estimate"] == pytest.approx(math.log(8), abs=0.02)
+    assert m["retrieval_accuracy"] > 0.99
+    assert m["mi_estimate"] > 0.5 * math.log(8)
