@@ -1,0 +1,76 @@
+"""Preallocated key/value cache with per-row lengths, extendable across turns.
+
+Layout: `k`, `v` are `[num_layers, B, max_len, num_kv_heads, head_dim]` (the per-layer buffers stacked, so the
+decoder's `lax.scan` over layers updates them in place) in the compute dtype; `lengths` is `int32[B]`.
+Row b is *compact*: slots `0 .. lengths[b]-1` hold its real tokens in order (keys already rotated by RoPE),
+everything from `lengths[b]` on is free (stale values there are never attended to). Appending a chunk of T
+tokens of which the first `num_new[b]` are real (right padding) writes them at slots `lengths[b] ..` and
+advances `lengths[b] += num_new[b]`; writes past `max_len` are dropped, so callers keep
+`lengths + num_new <= max_len` (the sampler stops a row whose cache is full).
+
+Reusing one prefix for many continuations (e.g. scoring many reasoning strings against one prompt):
+prefill the prefixes once, then `take_rows(cache, row_ids)` (or `repeat_rows(cache, n)`) gives a cache with
+one row per continuation, which is then extended independently. See `ragen_jax.models.transformer`.
+"""
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.models.config import ModelConfig
+
+
+@flax.struct.dataclass
+class KVCache:
+    """k, v: [L, B, S, K, hd] compute dtype; lengths: int32[B] valid slots per row."""
+
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_len: int | None = None) -> KVCache:
+    """An empty cache (all lengths 0) holding up to `max_len` tokens per row (default `config.max_seq_len`)."""
+    max_len = config.max_seq_len if max_len is None else max_len
+    if max_len > config.max_seq_len:
+        raise ValueError(f"KV cache max_len = {max_len} exceeds ModelConfig.max_seq_len = {config.max_seq_len}")
+    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    return KVCache(k=jnp.zeros(shape, config.dtype), v=jnp.zeros(shape, config.dtype),
+                   lengths=jnp.zeros((batch_size,), jnp.int32))
+
+
+def take_rows(cache: KVCache, row_ids: jax.Array) -> KVCache:
+    """A cache whose row i is a copy of `cache` row `row_ids[i]` (int32[B']); B' may differ from B."""
+    return KVCache(k=jnp.take(cache.k, row_ids, axis=1), v=jnp.take(cache.v, row_ids, axis=1),
+                   lengths=jnp.take(cache.lengths, row_ids, axis=0))
+
+
+def repeat_rows(cache: KVCache, repeats: int) -> KVCache:
+    """Each row repeated `repeats` times consecutively: row b becomes rows b*repeats .. b*repeats+repeats-1."""
+    return take_rows(cache, jnp.repeat(jnp.arange(cache.batch_size), repeats))
+
+
+def write_layer(buffer: jax.Array, layer: jax.Array, lengths: jax.Array, new: jax.Array) -> jax.Array:
+    """Writes `new` [B, T, K, hd] into `buffer` [L, B, S, K, hd] at layer `layer`, row b slots lengths[b]+t.
+
+    Out-of-range slots are dropped (never clamped onto valid history).
+    """
+    batch, steps = new.shape[:2]
+    rows = jnp.arange(batch)[:, None]
+    slots = lengths[:, None] + jnp.arange(steps)[None, :]
+    return buffer.at[layer, rows, slots].set(new.astype(buffer.dtype), mode="drop")
+
+
+def cache_attention_mask(lengths: jax.Array, steps: int, max_len: int) -> jax.Array:
+    """bool[B, T, S]: new token t of row b (at slot lengths[b]+t) sees slots 0 .. lengths[b]+t."""
+    query_slot = lengths[:, None] + jnp.arange(steps)[None, :]
+    return jnp.arange(max_len)[None, None, :] <= query_slot[:, :, None]

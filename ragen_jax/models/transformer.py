@@ -1,0 +1,305 @@
+"""Decoder-only transformer (Qwen2 / Llama-3 family) and PPO value head, as pure functions of a params pytree.
+
+Architecture (matches HF `Qwen2ForCausalLM` / `LlamaForCausalLM`): token embedding; per block
+`x += o_proj(attn(rope(q), rope(k), v))` on `rmsnorm(x)` and `x += down(silu(gate(h)) * up(h))` on
+`rmsnorm(x)`; final RMSNorm; LM head (tied to the embedding or not). RoPE uses HF's rotate_half convention
+(the two halves of a head, not interleaved pairs); attention is grouped-query (query head h uses kv head
+h // (num_heads // num_kv_heads)).
+
+Parameter tree (float32 always; kernels are `[in, out]`, i.e. the TRANSPOSE of torch `Linear.weight`).
+Layers are STACKED: every leaf under "layers" has a leading `[num_layers]` axis and the blocks run under
+`lax.scan` (one compiled block, fast compiles). HF names in brackets (i = layer index):
+
+    "embed":      {"embedding": [V, D]}                                  [model.embed_tokens.weight]
+    "layers": {
+      "input_norm":     {"scale": [L, D]}                                [model.layers.i.input_layernorm.weight]
+      "q_proj":         {"kernel": [L, D, H*hd], "bias": [L, H*hd]}      [model.layers.i.self_attn.q_proj.*]
+      "k_proj":         {"kernel": [L, D, K*hd], "bias": [L, K*hd]}      [... k_proj.*]
+      "v_proj":         {"kernel": [L, D, K*hd], "bias": [L, K*hd]}      [... v_proj.*]
+      "o_proj":         {"kernel": [L, H*hd, D]}                         [... o_proj.weight]
+      "post_attn_norm": {"scale": [L, D]}                                [model.layers.i.post_attention_layernorm.weight]
+      "gate_proj":      {"kernel": [L, D, F]}                            [model.layers.i.mlp.gate_proj.weight]
+      "up_proj":        {"kernel": [L, D, F]}                            [... up_proj.weight]
+      "down_proj":      {"kernel": [L, F, D]}                            [... down_proj.weight]
+    }
+    "final_norm": {"scale": [D]}                                         [model.norm.weight]
+    "lm_head":    {"kernel": [D, V]}      only when not tie_embeddings   [lm_head.weight]
+
+q/k/v "bias" leaves exist only when `config.qkv_bias`. The value model (critic) has its OWN copy of the
+backbone ("embed", "layers", "final_norm") plus "value_head": {"kernel": [D, 1], "bias": [1]}, and no "lm_head".
+
+Sequences: `tokens` int32[B, T]; `attention_mask` [B, T] (1/True = real token) for padded batches (left or
+right padding); `positions` int32[B, T] default to the count of real tokens before each one (HF's
+`cumsum(mask) - 1`), so padded and unpadded rows give the same logits for their real tokens.
+The cached forward (`apply_with_cache`) appends right-padded chunks to a `KVCache` (see kv_cache.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax.models import kv_cache as kv
+from ragen_jax.models.config import ModelConfig
+
+Params = dict[str, Any]
+_INIT_STD = 0.02  # HF initializer_range
+
+
+# ----------------------------------------------------------------------------------------------- initialisation
+def init_params(config: ModelConfig, key: jax.Array) -> Params:
+    """Random float32 parameters: normal(0.02) matrices, unit norm scales, zero biases."""
+    c = config
+    keys = iter(jax.random.split(key, 9))
+
+    def normal(shape):
+        return _INIT_STD * jax.random.normal(next(keys), shape, jnp.float32)
+
+    L, D, F = c.num_layers, c.d_model, c.mlp_dim
+    q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    layers = {
+        "input_norm": {"scale": jnp.ones((L, D), jnp.float32)},
+        "q_proj": {"kernel": normal((L, D, q_dim))},
+        "k_proj": {"kernel": normal((L, D, kv_dim))},
+        "v_proj": {"kernel": normal((L, D, kv_dim))},
+        "o_proj": {"kernel": normal((L, q_dim, D))},
+        "post_attn_norm": {"scale": jnp.ones((L, D), jnp.float32)},
+        "gate_proj": {"kernel": normal((L, D, F))},
+        "up_proj": {"kernel": normal((L, D, F))},
+        "down_proj": {"kernel": normal((L, F, D))},
+    }
+    if c.qkv_bias:
+        for name, width in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)):
+            layers[name]["bias"] = jnp.zeros((L, width), jnp.float32)
+    params = {"embed": {"embedding": normal((c.vocab_size, D))}, "layers": layers,
+              "final_norm": {"scale": jnp.ones((D,), jnp.float32)}}
+    if not c.tie_embeddings:
+        params["lm_head"] = {"kernel": normal((D, c.vocab_size))}
+    return params
+
+
+def init_value_params(config: ModelConfig, key: jax.Array, backbone: Params | None = None) -> Params:
+    """Critic parameters: a copy of `backbone`'s embed/layers/final_norm (fresh random ones if None) + value head.
+
+    The head starts at zero output (zero kernel and bias), as in RAGEN's critic built from the base LM.
+    """
+    backbone_key, _ = jax.random.split(key)
+    source = init_params(config, backbone_key) if backbone is None else backbone
+    params = {name: jax.tree.map(jnp.array, source[name]) for name in ("embed", "layers", "final_norm")}
+    params["value_head"] = {"kernel": jnp.zeros((config.d_model, 1), jnp.float32),
+                            "bias": jnp.zeros((1,), jnp.float32)}
+    return params
+
+
+# ------------------------------------------------------------------------------------------------- components
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """HF RMSNorm: normalise in float32, cast back, multiply by the (float32) scale cast to x's dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """float32[head_dim // 2] inverse frequencies, with Llama-3 rescaling when configured (as HF computes them)."""
+    dim = config.head_dim
+    inv_freq = (1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))).astype(np.float32)
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    wavelen = 2 * np.pi / inv_freq
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotates x [B, T, heads, hd] by positions [B, T] (rotate_half convention), in float32 then back."""
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, hd/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def _dense(x: jax.Array, p: Params) -> jax.Array:
+    y = x @ p["kernel"].astype(x.dtype)
+    return y + p["bias"].astype(x.dtype) if "bias" in p else y
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention without materialising repeated kv heads.
+
+    q: [B, T, H, hd]; k, v: [B, S, K, hd]; mask: bool[B, T, S] (True = may attend). Returns [B, T, H*hd].
+    Scores and softmax in float32; a fully masked query row attends uniformly (no NaN).
+    """
+    B, T, H, hd = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, H // K, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H * hd)
+
+
+def _qkv(config: ModelConfig, layer: Params, h: jax.Array, positions: jax.Array, inv_freq: np.ndarray):
+    B, T, _ = h.shape
+    q = _dense(h, layer["q_proj"]).reshape(B, T, config.num_heads, config.head_dim)
+    k = _dense(h, layer["k_proj"]).reshape(B, T, config.num_kv_heads, config.head_dim)
+    v = _dense(h, layer["v_proj"]).reshape(B, T, config.num_kv_heads, config.head_dim)
+    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+
+def _mlp(config: ModelConfig, layer: Params, x: jax.Array) -> jax.Array:
+    h = rms_norm(x, layer["post_attn_norm"]["scale"], config.norm_eps)
+    gated = jax.nn.silu(_dense(h, layer["gate_proj"])) * _dense(h, layer["up_proj"])
+    return x + _dense(gated, layer["down_proj"])
+
+
+def _embed(config: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
+    return jnp.take(params["embed"]["embedding"], tokens, axis=0).astype(config.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- uncached forward
+def default_positions(tokens: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+    """int32[B, T]: 0..T-1, or the number of earlier real tokens when a mask is given (HF convention)."""
+    if attention_mask is None:
+        return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def hidden_states(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array | None = None,
+                  attention_mask: jax.Array | None = None) -> jax.Array:
+    """Final-norm hidden states float32[B, T, D] (the input of the LM head and of the value head)."""
+    if positions is None:
+        positions = default_positions(tokens, attention_mask)
+    T = tokens.shape[1]
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool))[None], (tokens.shape[0], T, T))
+    if attention_mask is not None:
+        mask = mask & attention_mask.astype(bool)[:, None, :]
+    inv_freq = rope_inv_freq(config)
+
+    def block(x, layer):
+        h = rms_norm(x, layer["input_norm"]["scale"], config.norm_eps)
+        q, k, v = _qkv(config, layer, h, positions, inv_freq)
+        x = x + _dense(attention(q, k, v, mask), layer["o_proj"])
+        return _mlp(config, layer, x), None
+
+    x, _ = jax.lax.scan(block, _embed(config, params, tokens), params["layers"])
+    return rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32)
+
+
+def logits_from_hidden(config: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
+    """LM head: float32[..., D] hidden states -> float32[..., V] logits."""
+    h = hidden.astype(config.dtype)
+    if config.tie_embeddings:
+        return jnp.einsum("...d,vd->...v", h, params["embed"]["embedding"].astype(h.dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", h, params["lm_head"]["kernel"].astype(h.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def apply(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array | None = None,
+          attention_mask: jax.Array | None = None) -> jax.Array:
+    """Logits float32[B, T, V] for tokens int32[B, T]."""
+    return logits_from_hidden(config, params, hidden_states(config, params, tokens, positions, attention_mask))
+
+
+def value_from_hidden(params: Params, hidden: jax.Array) -> jax.Array:
+    """Value head: float32[..., D] -> float32[...]."""
+    head = params["value_head"]
+    return (hidden @ head["kernel"] + head["bias"])[..., 0]
+
+
+def values(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array | None = None,
+           attention_mask: jax.Array | None = None) -> jax.Array:
+    """Critic values float32[B, T] (one scalar per token) from value-model params."""
+    return value_from_hidden(params, hidden_states(config, params, tokens, positions, attention_mask))
+
+
+# ------------------------------------------------------------------------------------------------ cached forward
+def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Array, cache: kv.KVCache,
+                             num_new: jax.Array | None = None,
+                             positions: jax.Array | None = None) -> tuple[jax.Array, kv.KVCache]:
+    """Appends a right-padded chunk tokens int32[B, T] to `cache`; returns (float32[B, T, D] hidden, cache).
+
+    num_new: int32[B] real tokens at the start of each row (default T; 0 leaves a row's cache unchanged).
+    positions: int32[B, T], default `cache.lengths[b] + t` (a row's positions are its cache slots).
+    Hidden states at padded steps (t >= num_new[b]) are meaningless.
+    """
+    B, T = tokens.shape
+    num_new = jnp.full((B,), T, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
+    lengths = cache.lengths
+    if positions is None:
+        positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    mask = kv.cache_attention_mask(lengths, T, cache.max_len)
+    inv_freq = rope_inv_freq(config)
+
+    def block(carry, xs):
+        x, k_buf, v_buf = carry
+        layer, index = xs
+        h = rms_norm(x, layer["input_norm"]["scale"], config.norm_eps)
+        q, k, v = _qkv(config, layer, h, positions, inv_freq)
+        k_buf = kv.write_layer(k_buf, index, lengths, k)
+        v_buf = kv.write_layer(v_buf, index, lengths, v)
+        x = x + _dense(attention(q, k_buf[index], v_buf[index], mask), layer["o_proj"])
+        return (_mlp(config, layer, x), k_buf, v_buf), None
+
+    carry = (_embed(config, params, tokens), cache.k, cache.v)
+    (x, k_buf, v_buf), _ = jax.lax.scan(block, carry, (params["layers"], jnp.arange(config.num_layers)))
+    new_cache = kv.KVCache(k=k_buf, v=v_buf, lengths=jnp.minimum(lengths + num_new, cache.max_len))
+    return rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32), new_cache
+
+
+def apply_with_cache(config: ModelConfig, params: Params, tokens: jax.Array, cache: kv.KVCache,
+                     num_new: jax.Array | None = None,
+                     positions: jax.Array | None = None) -> tuple[jax.Array, kv.KVCache]:
+    """Cached forward: (float32[B, T, V] logits of the appended chunk, updated cache). See hidden_states_with_cache."""
+    hidden, cache = hidden_states_with_cache(config, params, tokens, cache, num_new, positions)
+    return logits_from_hidden(config, params, hidden), cache
+
+
+# ---------------------------------------------------------------------------------------------- object boundary
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
+    """A config plus a params pytree; every method is a pure function of the params passed to it.
+
+    `model.apply(params, tokens, positions=None, attention_mask=None) -> float32[B, T, V]` works under
+    jit / vmap / grad (the config is closed over as a static value).
+    """
+
+    config: ModelConfig
+    params: Params
+
+    @classmethod
+    def create(cls, config: ModelConfig, key: jax.Array) -> "Model":
+        return cls(config, init_params(config, key))
+
+    def apply(self, params, tokens, positions=None, attention_mask=None):
+        return apply(self.config, params, tokens, positions, attention_mask)
+
+    def hidden_states(self, params, tokens, positions=None, attention_mask=None):
+        return hidden_states(self.config, params, tokens, positions, attention_mask)
+
+    def logits_from_hidden(self, params, hidden):
+        return logits_from_hidden(self.config, params, hidden)
+
+    def values(self, value_params, tokens, positions=None, attention_mask=None):
+        return values(self.config, value_params, tokens, positions, attention_mask)
+
+    def init_value_params(self, key, backbone=None):
+        return init_value_params(self.config, key, self.params if backbone is None else backbone)
+
+    def init_cache(self, batch_size: int, max_len: int | None = None) -> kv.KVCache:
+        return kv.init_cache(self.config, batch_size, max_len)
+
+    def apply_with_cache(self, params, tokens, cache, num_new=None, positions=None):
+        return apply_with_cache(self.config, params, tokens, cache, num_new, positions)

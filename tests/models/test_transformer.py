@@ -1,0 +1,269 @@
+"""Decoder parity with transformers (torch CPU) on random tiny Qwen2 / Llama-3 models, KV cache and value head."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from configs import base as base_config
+from ragen_jax import models
+from ragen_jax.models import transformer as tfm
+from ragen_jax.rollout import sampler
+
+LAYER_NAMES = {  # HF per-layer module path -> our stacked layer name
+    "input_layernorm": "input_norm", "post_attention_layernorm": "post_attn_norm",
+    "self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",
+    "self_attn.o_proj": "o_proj", "mlp.gate_proj": "gate_proj", "mlp.up_proj": "up_proj",
+    "mlp.down_proj": "down_proj",
+}
+
+
+def _hf_model(kind):
+    """A random tiny HF model. Every tensor (biases and norm scales too) is randomised so parity is meaningful."""
+    torch.manual_seed(0 if kind == "qwen2" else 1)
+    if kind == "qwen2":  # q/k/v bias, tied embeddings, head_dim = hidden / heads
+        hf_config = transformers.Qwen2Config(
+            vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=128,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        model = transformers.Qwen2ForCausalLM(hf_config)
+    else:  # no bias, untied head, head_dim != hidden / heads, multi-query, Llama-3 RoPE rescaling
+        hf_config = transformers.LlamaConfig(
+            vocab_size=80, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            max_position_embeddings=128,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+        model = transformers.LlamaForCausalLM(hf_config)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            scale = 0.3 if name.endswith("embed_tokens.weight") else 0.1
+            tensor.copy_((1.0 if "norm" in name else 0.0) + scale * torch.randn_like(tensor))
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+def _our_config(hf_config):
+    rope = hf_config.rope_parameters
+    scaling = None
+    if rope["rope_type"] == "llama3":
+        scaling = models.Llama3RopeScaling(rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
+                                           rope["original_max_position_embeddings"])
+    return models.ModelConfig(
+        vocab_size=hf_config.vocab_size, d_model=hf_config.hidden_size, num_layers=hf_config.num_hidden_layers,
+        num_heads=hf_config.num_attention_heads, num_kv_heads=hf_config.num_key_value_heads,
+        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads,
+        mlp_dim=hf_config.intermediate_size, rope_theta=rope["rope_theta"],
+        qkv_bias=hf_config.model_type == "qwen2", tie_embeddings=hf_config.tie_word_embeddings,
+        norm_eps=hf_config.rms_norm_eps, max_seq_len=64, rope_scaling=scaling)
+
+
+def _our_params(sd, config):
+    """Test-local mapping of a torch state dict (name -> tensor) onto the documented stacked param tree."""
+    sd = {k: v.detach().numpy() for k, v in sd.items()}
+    layers = {}
+    for hf_name, ours in LAYER_NAMES.items():
+        per_layer = [sd[f"model.layers.{i}.{hf_name}.weight"] for i in range(config.num_layers)]
+        if "norm" in hf_name:
+            layers[ours] = {"scale": np.stack(per_layer)}
+        else:
+            layers[ours] = {"kernel": np.stack([w.T for w in per_layer])}
+            if f"model.layers.0.{hf_name}.bias" in sd:
+                layers[ours]["bias"] = np.stack([sd[f"model.layers.{i}.{hf_name}.bias"]
+                                                 for i in range(config.num_layers)])
+    params = {"embed": {"embedding": sd["model.embed_tokens.weight"]}, "layers": layers,
+              "final_norm": {"scale": sd["model.norm.weight"]}}
+    if not config.tie_embeddings:
+        params["lm_head"] = {"kernel": sd["lm_head.weight"].T}
+    return jax.tree.map(jnp.asarray, params)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def pair(request):
+    hf = _hf_model(request.param)
+    config = _our_config(hf.config)
+    params = _our_params(hf.state_dict(), config)
+    # the mapping covers exactly the tree init_params documents (names, shapes, dtypes)
+    reference = tfm.init_params(config, jax.random.key(0))
+    assert jax.tree.structure(reference) == jax.tree.structure(params)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), reference) == jax.tree.map(lambda a: (a.shape, a.dtype), params)
+    return hf, models.Model(config, params)
+
+
+# Three rows of real lengths 10, 7 and 4 out of T = 10.
+LENGTHS = np.array([10, 7, 4])
+T = 10
+
+
+def _sequences(vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, vocab, size=n) for n in LENGTHS]
+
+
+def _pad(seqs, left, width=T, pad=0):
+    tokens = np.full((len(seqs), width), pad, np.int32)
+    mask = np.zeros((len(seqs), width), np.int32)
+    for b, s in enumerate(seqs):
+        sl = slice(width - len(s), width) if left else slice(0, len(s))
+        tokens[b, sl], mask[b, sl] = s, 1
+    return tokens, mask
+
+
+def _real(x, mask):
+    """The real-token rows of x [B, T, ...] in order, concatenated."""
+    return np.concatenate([np.asarray(x)[b][np.asarray(mask)[b] == 1] for b in range(len(mask))])
+
+
+_apply = jax.jit(tfm.apply, static_argnums=0)
+_apply_with_cache = jax.jit(tfm.apply_with_cache, static_argnums=0)
+
+
+def test_left_padded_logits_match_transformers(pair):
+    hf, model = pair
+    tokens, mask = _pad(_sequences(model.config.vocab_size), left=True)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(mask),
+                      position_ids=torch.tensor(positions, dtype=torch.long)).logits.numpy()
+    ours = _apply(model.config, model.params, tokens, None, mask)
+    assert ours.dtype == jnp.float32 and ours.shape == expected.shape
+    np.testing.assert_array_less(np.abs(_real(ours, mask) - _real(expected, mask)).max(), 1e-4)
+    # right padding gives the same logits for the real tokens
+    r_tokens, r_mask = _pad(_sequences(model.config.vocab_size), left=False)
+    right = _apply(model.config, model.params, r_tokens, None, r_mask)
+    np.testing.assert_allclose(_real(right, r_mask), _real(ours, mask), atol=1e-5)
+
+
+def test_gradients_match_torch(pair):
+    hf, model = pair
+    tokens, mask = _pad(_sequences(model.config.vocab_size, seed=1), left=False)
+    targets = np.roll(tokens, -1, axis=1)
+    weights = (mask * np.roll(mask, -1, axis=1)).astype(np.float32)
+
+    def loss_fn(params):
+        logp = jax.nn.log_softmax(tfm.apply(model.config, params, tokens, None, mask))
+        return -(jnp.take_along_axis(logp, targets[..., None], -1)[..., 0] * weights).sum() / weights.sum()
+
+    grads = jax.jit(jax.grad(loss_fn))(model.params)
+    hf.zero_grad()
+    logits = hf(input_ids=torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(mask)).logits
+    logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(targets, dtype=torch.long)[..., None])[..., 0]
+    (-(logp * torch.tensor(weights)).sum() / weights.sum()).backward()
+    expected = _our_params({k: v.grad for k, v in hf.named_parameters()}, model.config)
+    diffs = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), grads, expected)
+    assert max(jax.tree.leaves(diffs)) < 1e-5, diffs
+
+
+def test_cached_decoding_equals_uncached(pair):
+    """Prefill a right-padded batch, decode 3 tokens one at a time; logits equal the uncached forward."""
+    _, model = pair
+    c, p = model.config, model.params
+    seqs = _sequences(c.vocab_size, seed=2)
+    rng = np.random.default_rng(3)
+    continuations = rng.integers(1, c.vocab_size, size=(len(seqs), 3)).astype(np.int32)
+    prompt, _ = _pad(seqs, left=False)
+    cache = model.init_cache(len(seqs), 32)
+    prefill_logits, cache = _apply_with_cache(c, p, prompt, cache, LENGTHS)
+    step_logits = []
+    for t in range(3):
+        logits, cache = _apply_with_cache(c, p, continuations[:, t:t + 1], cache, None)
+        step_logits.append(np.asarray(logits[:, 0]))
+    np.testing.assert_array_equal(cache.lengths, LENGTHS + 3)
+    full, full_mask = _pad([np.concatenate([s, continuations[b]]) for b, s in enumerate(seqs)], False, width=T + 3)
+    expected = np.asarray(_apply(c, p, full, None, full_mask))
+    for b, n in enumerate(LENGTHS):
+        np.testing.assert_allclose(prefill_logits[b, :n], expected[b, :n], atol=2e-5)
+        for t in range(3):
+            np.testing.assert_allclose(step_logits[t][b], expected[b, n + t], atol=2e-5)
+
+
+def test_cross_turn_extension_and_row_broadcast(pair):
+    """Turn 2 appended to the turn-1 cache equals encoding the concatenation; so does a repeated prefix."""
+    _, model = pair
+    c, p = model.config, model.params
+    turn1 = _sequences(c.vocab_size, seed=4)
+    rng = np.random.default_rng(5)
+    turn2 = [rng.integers(1, c.vocab_size, size=n) for n in (3, 6, 1)]
+    cache = model.init_cache(3, 32)
+    _, cache = _apply_with_cache(c, p, _pad(turn1, False)[0], cache, LENGTHS)
+    chunk, chunk_mask = _pad(turn2, False, width=6)
+    logits, cache = _apply_with_cache(c, p, chunk, cache, chunk_mask.sum(1))
+    np.testing.assert_array_equal(cache.lengths, LENGTHS + [3, 6, 1])
+    full, full_mask = _pad([np.concatenate(x) for x in zip(turn1, turn2)], False, width=T + 6)
+    expected = np.asarray(_apply(c, p, full, None, full_mask))
+    for b in range(3):
+        n, m = LENGTHS[b], len(turn2[b])
+        np.testing.assert_allclose(logits[b, :m], expected[b, n:n + m], atol=2e-5)
+    # one prefix (row 1), broadcast to 3 rows, each extended with a different continuation
+    repeated = models.take_rows(cache, jnp.array([1, 1, 1]))
+    assert models.repeat_rows(cache, 2).lengths.tolist() == np.repeat(cache.lengths, 2).tolist()
+    cont_logits, _ = _apply_with_cache(c, p, chunk, repeated, chunk_mask.sum(1))
+    full2, mask2 = _pad([np.concatenate([turn1[1], turn2[1], t]) for t in turn2], False, width=T + 12)
+    expected2 = np.asarray(_apply(c, p, full2, None, mask2))
+    start = LENGTHS[1] + len(turn2[1])
+    for b in range(3):
+        np.testing.assert_allclose(cont_logits[b, :len(turn2[b])], expected2[b, start:start + len(turn2[b])],
+                                   atol=2e-5)
+
+
+def test_greedy_generation_equals_transformers(pair):
+    hf, model = pair
+    c = model.config
+    seqs = _sequences(c.vocab_size, seed=6)
+    left, left_mask = _pad(seqs, left=True)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor(left, dtype=torch.long), attention_mask=torch.tensor(left_mask),
+                          do_sample=False, max_new_tokens=8, min_new_tokens=8, pad_token_id=0,
+                          eos_token_id=None).numpy()[:, T:]
+    prompt, _ = _pad(seqs, left=False)
+    result, cache = sampler.generate(
+        c, model.params, model.init_cache(3, 32), jnp.asarray(prompt), jnp.asarray(LENGTHS), jax.random.key(0),
+        jnp.float32(0.0), jnp.float32(1.0), max_new_tokens=8)
+    np.testing.assert_array_equal(np.asarray(result.tokens), out)
+    np.testing.assert_array_equal(result.lengths, [8, 8, 8])
+    np.testing.assert_array_equal(cache.lengths, LENGTHS + 8)
+
+
+def test_bfloat16_compute_stays_close(pair):
+    _, model = pair
+    config = models.ModelConfig(**{**model.config.__dict__, "compute_dtype": "bfloat16"})
+    tokens, mask = _pad(_sequences(config.vocab_size), left=True)
+    low = _apply(config, model.params, tokens, None, mask)
+    high = _apply(model.config, model.params, tokens, None, mask)
+    assert low.dtype == jnp.float32
+    err = np.abs(_real(low, mask) - _real(high, mask)).max()
+    assert 0 < err < 0.05 * np.abs(_real(high, mask)).max()
+
+
+def test_value_head_own_parameters_and_padding(pair):
+    _, model = pair
+    c = model.config
+    value_params = model.init_value_params(jax.random.key(1))
+    assert "lm_head" not in value_params and value_params["value_head"]["kernel"].shape == (c.d_model, 1)
+    value_params["value_head"] = {"kernel": jax.random.normal(jax.random.key(2), (c.d_model, 1)),
+                                  "bias": jnp.array([0.5])}
+    tokens, mask = _pad(_sequences(c.vocab_size), left=True)
+    vals = jax.jit(model.values)(value_params, tokens, None, mask)
+    hidden = np.asarray(model.hidden_states(model.params, tokens, None, mask))
+    # same backbone copy => values = hidden @ w + b, computed in numpy
+    expected = hidden @ np.asarray(value_params["value_head"]["kernel"])[:, 0] + 0.5
+    np.testing.assert_allclose(_real(vals, mask), _real(expected, mask), rtol=1e-5, atol=1e-5)
+    # the critic's backbone is a copy: changing it leaves the policy's params untouched
+    grads = jax.grad(lambda vp: model.values(vp, tokens, None, mask).sum())(value_params)
+    assert float(jnp.abs(grads["layers"]["q_proj"]["kernel"]).max()) > 0
+    assert value_params["embed"]["embedding"] is not model.params["embed"]["embedding"]
+
+
+def test_model_config_from_base_config():
+    section = base_config.get_config().model
+    config = models.ModelConfig.from_config(section, vocab_size=300)
+    assert (config.vocab_size, config.d_model, config.head_dim, config.num_kv_heads) == (300, 128, 32, 2)
+    with pytest.raises(ValueError, match="num_heads"):
+        models.ModelConfig(vocab_size=8, d_model=8, num_layers=1, num_heads=3, num_kv_heads=2, head_dim=4,
+                           mlp_dim=8)
+    with pytest.raises(ValueError, match="compute_dtype"):
+        models.ModelConfig(vocab_size=8, d_model=8, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=4,
+                           mlp_dim=8, compute_dtype="float16")
+    with pytest.raises(ValueError, match="max_len"):
+        models.init_cache(config, 1, config.max_seq_len + 1)
