@@ -1,0 +1,26 @@
+"""RL objectives of StarPO: advantage estimators, losses and algorithm presets (spec B)."""
+from ragen_jax.algos.advantages import bi_level_gae, gae, grpo, kl_in_reward, masked_whiten
+from ragen_jax.algos.losses import (
+    agg_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_and_entropy,
+    masked_mean,
+    policy_loss,
+    value_loss,
+)
+
+__all__ = [
+    "agg_loss",
+    "bi_level_gae",
+    "entropy_from_logits",
+    "gae",
+    "grpo",
+    "kl_in_reward",
+    "kl_penalty",
+    "logprobs_and_entropy",
+    "masked_mean",
+    "masked_whiten",
+    "policy_loss",
+    "value_loss",
+]
