@@ -1,0 +1,239 @@
+"""`TextEnv`: the base of every text environment (gymnax-style, pure JAX, vmappable, jittable).
+
+Public API (all functions pure; vmap over a batch of envs, jit freely):
+
+    env, params = environments.make("frozen_lake", tokenizer)          # registry.py
+    obs, state = env.reset(key, params)                                 # Observation, TurnState
+    obs, state, reward, done, info = env.step(key, state, response_tokens, response_len, params)
+    env.render_text(state) -> str        # host, one unbatched state; == decode(obs.tokens[:obs.length])
+    env.oracle(state, rng) -> (reasoning, answer)   # host; a correct answer + a paraphrased reasoning
+    env.parse(response_tokens, response_len) -> ParsedResponse   # parsing.py, e.g. for token spans
+    env.instruction: str                 # env part of the system prompt (rules, symbols, actions)
+    env.action_words: tuple[str, ...]    # () for free-text envs
+    env.obs_capacity: int                # static size of obs.tokens
+
+`response_tokens` i32[R] are the generated tokens of one assistant turn including the prefilled
+"<think>" (or "<answer>" when `enable_think=False`), i.e. the text RAGEN parses (spec A.3/A.5); only
+the first `response_len` count. `reward` f32[], `done` bool[] (terminated, or the action budget
+`max_actions_per_traj` is spent), and `info` holds f32/bool/i32 scalars:
+
+    success               the env's success predicate after the turn
+    format_ok             a match was found, >= 1 action parsed and every parsed action is valid
+                          (RAGEN's format-penalty test negated, spec A.6; the rollout applies the penalty)
+    action_is_valid       at least one valid action was executed this turn
+    action_is_effective   the LAST executed action changed the state (RAGEN's `turn_info.update` keeps
+                          the last action's info)
+    num_valid_actions     valid actions among the (<= max_actions_per_turn) parsed ones
+    num_actions           actions executed this turn (<= remaining budget, stops at termination)
+    terminated            the env reached a terminal state (not the budget)
+
+A turn with no valid action leaves the state exactly unchanged. Stepping a done state executes nothing.
+
+Subclass contract (how Sokoban, Countdown, Arithmetic, ... plug in)
+-------------------------------------------------------------------
+1. Subclass `TextEnv`; in `__init__` take the static, shape-determining options as keyword arguments,
+   build `self.pieces = PieceTable(tokenizer, [...every text fragment...])`, then call
+   `super().__init__(tokenizer, pieces=..., action_words=..., obs_capacity=..., instruction=...,
+   **base_kwargs)`. `obs_capacity` must bound the token length of every observation: compute it from
+   `pieces.max_len(...)`/`pieces.token_len(...)`; `render` cuts anything beyond it.
+2. Define the class attribute `Params` (a `flax.struct.dataclass` of traced values; `make` routes
+   overrides named like its fields there), the attribute `default_params` (an instance) and these pure hooks,
+   all on YOUR env state (a `flax.struct.dataclass`; the base wraps it in `TurnState.env`):
+     init_state(key, params) -> S                               (same key => same instance)
+     observation_pieces(s) -> i32[num_slots] piece indices      (0 = empty; fixed num_slots)
+     success(s) -> bool[]
+   and exactly ONE of the two action hooks:
+     word actions (action_words non-empty): executed in order until terminal, rewards summed:
+       apply_action(key, s, action i32[], params) -> (s, reward f32[], terminated bool[], effective bool[])
+       action_valid(s, action i32[]) -> bool[]                   (optional; default: every word valid)
+     free text (action_words == ()): one answer per turn, the first non-empty stripped `||`-part:
+       apply_answer(key, s, text u8[N], text_len i32[], params)
+           -> (s, reward f32[], terminated bool[], valid bool[], effective bool[])
+3. Host oracle: `oracle_answer(s_numpy, rng: np.random.Generator, max_actions) -> (reasoning, answer)`
+   where `s_numpy` is your state with numpy leaves (unbatched), `answer` the text inside <answer>
+   (e.g. "Left || Down", at most `max_actions` actions) and `reasoning` a short paraphrased text.
+4. Register at the bottom of your module: `registry.register("name", YourEnv)`. The registry already
+   imports `environments.sokoban`, `environments.countdown` and `environments.arithmetic` once they
+   exist (see registry.ENV_MODULES); no other file needs editing.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from environments.parsing import ParsedResponse, ResponseParser
+from environments.pieces import Observation, PieceTable, Tokenizer
+
+
+@struct.dataclass
+class TurnState:
+    """The env's own state plus the base's bookkeeping.
+
+    env: the subclass state; actions_left: i32[] remaining action budget of the trajectory;
+    done: bool[] the episode has ended (terminated or budget spent).
+    """
+
+    env: Any
+    actions_left: jnp.ndarray
+    done: jnp.ndarray
+
+
+def tree_select(pred: jnp.ndarray, on_true, on_false):
+    """Leafwise `where(pred, on_true, on_false)` for two pytrees of the same structure."""
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+class TextEnv:
+    """Base class; see the module docstring for the API and the subclass contract."""
+
+    Params: Any = None
+    default_params: Any = None
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        pieces: PieceTable,
+        action_words: Sequence[str],
+        obs_capacity: int,
+        instruction: str,
+        max_actions_per_turn: int = 2,
+        max_actions_per_traj: int = 10,
+        enable_think: bool = True,
+    ):
+        if max_actions_per_traj < 1:
+            raise ValueError(f"max_actions_per_traj must be >= 1, got {max_actions_per_traj}")
+        if obs_capacity < 1:
+            raise ValueError(f"obs_capacity must be >= 1, got {obs_capacity}")
+        self.tokenizer = tokenizer
+        self.pieces = pieces
+        self.action_words = tuple(action_words)
+        self.obs_capacity = int(obs_capacity)
+        self.instruction = instruction
+        self.max_actions_per_turn = int(max_actions_per_turn)
+        self.max_actions_per_traj = int(max_actions_per_traj)
+        self.enable_think = bool(enable_think)
+        self.parse = ResponseParser(tokenizer, self.action_words, self.max_actions_per_turn, self.enable_think)
+        self._host_pieces = jax.jit(self.observation_pieces)
+
+    # ----------------------------------------------------------------- hooks (subclasses override)
+    def init_state(self, key, params):
+        raise NotImplementedError(f"{type(self).__name__} must define init_state")
+
+    def observation_pieces(self, s) -> jnp.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} must define observation_pieces")
+
+    def success(self, s) -> jnp.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} must define success")
+
+    def apply_action(self, key, s, action, params):
+        raise NotImplementedError(f"{type(self).__name__} has action words but no apply_action")
+
+    def action_valid(self, s, action) -> jnp.ndarray:
+        return jnp.bool_(True)
+
+    def apply_answer(self, key, s, text, text_len, params):
+        raise NotImplementedError(f"{type(self).__name__} has no action words but no apply_answer")
+
+    def oracle_answer(self, s, rng: np.random.Generator, max_actions: int) -> tuple[str, str]:
+        raise NotImplementedError(f"{type(self).__name__} has no oracle")
+
+    # ----------------------------------------------------------------- public API
+    def render(self, s) -> Observation:
+        """In-graph observation of an env state `s` (the subclass state)."""
+        return self.pieces.render(self.observation_pieces(s), self.obs_capacity)
+
+    def reset(self, key: jax.Array, params) -> tuple[Observation, TurnState]:
+        s = self.init_state(key, params)
+        state = TurnState(env=s, actions_left=jnp.int32(self.max_actions_per_traj), done=jnp.bool_(False))
+        return self.render(s), state
+
+    def step(self, key, state: TurnState, response_tokens, response_len, params):
+        parsed = self.parse(response_tokens, response_len)
+        if self.action_words:
+            s, reward, terminated, executed, num_valid, format_ok, effective = self._run_actions(
+                key, state, parsed, params
+            )
+        else:
+            s, reward, terminated, executed, num_valid, format_ok, effective = self._run_answer(
+                key, state, parsed, params
+            )
+        actions_left = state.actions_left - executed
+        done = state.done | terminated | (actions_left <= 0)
+        new_state = TurnState(env=s, actions_left=actions_left, done=done)
+        info = {
+            "success": self.success(s),
+            "format_ok": format_ok,
+            "action_is_valid": executed > 0,
+            "action_is_effective": effective,
+            "num_valid_actions": num_valid,
+            "num_actions": executed,
+            "terminated": terminated,
+        }
+        return self.render(s), new_state, reward.astype(jnp.float32), done, info
+
+    def render_text(self, state: TurnState) -> str:
+        """Host text of the observation of one unbatched state (equals the decoded `render`)."""
+        return self.pieces.text(jax.device_get(self._host_pieces(state.env)))
+
+    def oracle(self, state: TurnState, rng: np.random.Generator, max_actions: int | None = None):
+        """(reasoning, answer) for one unbatched state; `max_actions` defaults to max_actions_per_turn."""
+        s = jax.tree.map(np.asarray, jax.device_get(state.env))
+        return self.oracle_answer(s, rng, self.max_actions_per_turn if max_actions is None else max_actions)
+
+    # ----------------------------------------------------------------- turn execution
+    def _run_actions(self, key, state: TurnState, parsed: ParsedResponse, params):
+        m = self.max_actions_per_turn
+        slots = jnp.arange(m)
+        ids = parsed.action_ids
+        valid = (slots < parsed.num_parts) & (ids >= 0)
+        valid &= jax.vmap(lambda a: self.action_valid(state.env, a))(jnp.maximum(ids, 0))
+        num_valid = valid.sum().astype(jnp.int32)
+        format_ok = parsed.found & (num_valid > 0) & (num_valid == parsed.num_parts)
+        # valid actions in order, moved to the front
+        order = jnp.argsort(~valid, stable=True)
+        queue = ids[order]
+        budget = jnp.where(state.done, 0, jnp.minimum(num_valid, state.actions_left))
+
+        def one(carry, xs):
+            s, reward, terminated, executed, effective = carry
+            i, k = xs
+            run = (i < budget) & ~terminated
+            s2, r, t, e = self.apply_action(k, s, queue[i], params)
+            return (
+                tree_select(run, s2, s),
+                reward + jnp.where(run, r, 0.0),
+                terminated | (run & t),
+                executed + run.astype(jnp.int32),
+                jnp.where(run, e, effective),
+            ), None
+
+        init = (state.env, jnp.float32(0.0), jnp.bool_(False), jnp.int32(0), jnp.bool_(False))
+        (s, reward, terminated, executed, effective), _ = jax.lax.scan(
+            one, init, (slots, jax.random.split(key, m))
+        )
+        return s, reward, terminated, executed, num_valid, format_ok, effective
+
+    def _run_answer(self, key, state: TurnState, parsed: ParsedResponse, params):
+        size = parsed.answer_bytes.shape[0]
+        start, end = parsed.part_start[0], parsed.part_end[0]
+        has = parsed.found & (parsed.num_parts > 0)
+        idx = start + jnp.arange(size)
+        text = jnp.where(idx < end, parsed.answer_bytes[jnp.clip(idx, 0, size - 1)], 0).astype(jnp.uint8)
+        text_len = jnp.where(has, end - start, 0).astype(jnp.int32)
+        s2, r, t, valid, e = self.apply_answer(key, state.env, text, text_len, params)
+        run = has & ~state.done & (state.actions_left > 0)
+        ok = run & valid
+        return (
+            tree_select(ok, s2, state.env),
+            jnp.where(ok, r, 0.0),
+            ok & t,
+            ok.astype(jnp.int32),
+            ok.astype(jnp.int32),
+            has & valid,
+            ok & e,
+        )
