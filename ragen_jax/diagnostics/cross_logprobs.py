@@ -1,0 +1,103 @@
+"""Cross log-prob matrix l[i, j] = log p(z_i | x_j) for R reasoning strings against C prompts (spec D.3).
+
+`cross_log_probs` prefills the C prompts ONCE into a KV cache and scores all R reasoning strings against each
+cached prefix in a batch, so its cost grows with C*R*|z| instead of C*R*(|x| + |z|) (RAGEN re-runs the whole
+[x_j | z_i] sequence for every pair). `cross_log_probs_naive` is that full-sequence computation, kept as the
+reference for tests and benchmarks.
+
+Shapes: prompts int32[C, P] right-padded with lengths int32[C]; reasoning int32[R, Z] right-padded with
+lengths int32[R]. Token p of a prompt sits at position p and reasoning token t of a row scored against prompt j
+at position len_j + t (as in the contiguous sequence). Logits are divided by `temperature` (a float or traced
+scalar) as in the training forward. Returns (logp_mean, logp_sum), both float32[R, C]: the sum over the real
+reasoning tokens and that sum divided by max(|z_i|, 1). A row with no reasoning gives 0 (mask it downstream).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.algos import losses
+from ragen_jax.models import kv_cache as kv
+from ragen_jax.models import transformer
+from ragen_jax.models.config import ModelConfig
+
+
+def _check(prompts, prompt_len, reasoning, reasoning_len):
+    if prompts.ndim != 2 or prompt_len.shape != prompts.shape[:1]:
+        raise ValueError(f"prompts {prompts.shape} / prompt_len {prompt_len.shape} must be [C, P] / [C]")
+    if reasoning.ndim != 2 or reasoning_len.shape != reasoning.shape[:1]:
+        raise ValueError(f"reasoning {reasoning.shape} / reasoning_len {reasoning_len.shape} must be [R, Z] / [R]")
+
+
+def _target_logprobs(logits: jax.Array, targets: jax.Array, temperature) -> jax.Array:
+    """float32[...] log-softmax(logits / temperature) at the target ids (the training forward's numerics)."""
+    return losses.logprobs_and_entropy(logits, targets, temperature)[0]
+
+
+def _reduce(token_logp: jax.Array, reasoning_len: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Masked sum and per-token mean over the reasoning axis: ([R], [R])."""
+    mask = jnp.arange(token_logp.shape[1])[None, :] < reasoning_len[:, None]
+    total = jnp.sum(jnp.where(mask, token_logp, 0.0), axis=1)
+    return total / jnp.maximum(reasoning_len, 1).astype(jnp.float32), total
+
+
+def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len: jax.Array, reasoning: jax.Array,
+                    reasoning_len: jax.Array, temperature=1.0, *, columns_per_step: int = 1):
+    """Prefix-cached cross log-probs (see module docstring); returns (logp_mean, logp_sum) float32[R, C].
+
+    columns_per_step: prompts scored together in one vectorised step (memory grows with it).
+    """
+    _check(prompts, prompt_len, reasoning, reasoning_len)
+    num_cols, max_prompt = prompts.shape
+    num_rows, max_reason = reasoning.shape
+    prompt_len = prompt_len.astype(jnp.int32)
+    reasoning_len = jnp.minimum(reasoning_len.astype(jnp.int32), max_reason)
+
+    cache = kv.init_cache(config, num_cols, max_prompt + max_reason)
+    hidden, cache = transformer.hidden_states_with_cache(config, params, prompts, cache, num_new=prompt_len)
+    last = jnp.take_along_axis(hidden, jnp.maximum(prompt_len - 1, 0)[:, None, None], axis=1)[:, 0]
+    first_logits = transformer.logits_from_hidden(config, params, last)  # [C, V]: predicts reasoning token 0
+
+    def score_column(j):
+        rows = kv.take_rows(cache, jnp.full((num_rows,), j, jnp.int32))
+        h, _ = transformer.hidden_states_with_cache(config, params, reasoning, rows, num_new=reasoning_len)
+        # logits at reasoning token t predict token t + 1; the prompt's last logits predict token 0
+        rest = _target_logprobs(transformer.logits_from_hidden(config, params, h[:, :-1]), reasoning[:, 1:],
+                                temperature)
+        first = _target_logprobs(jnp.broadcast_to(first_logits[j], (num_rows, first_logits.shape[-1])),
+                                 reasoning[:, 0], temperature)
+        return _reduce(jnp.concatenate([first[:, None], rest], axis=1), reasoning_len)
+
+    mean, total = jax.lax.map(score_column, jnp.arange(num_cols), batch_size=columns_per_step if columns_per_step > 1 else None)
+    return mean.T, total.T
+
+
+def concat_prompt_reasoning(prompt: jax.Array, prompt_len: jax.Array, reasoning: jax.Array) -> jax.Array:
+    """int32[R, P+Z]: row i = prompt[:prompt_len] followed by reasoning[i] (then whatever padding follows)."""
+    max_prompt, max_reason = prompt.shape[0], reasoning.shape[1]
+    s = jnp.arange(max_prompt + max_reason)
+    from_reason = jnp.take(reasoning, jnp.clip(s - prompt_len, 0, max_reason - 1), axis=1)
+    return jnp.where(s[None, :] < prompt_len, prompt[jnp.minimum(s, max_prompt - 1)][None, :], from_reason)
+
+
+def cross_log_probs_naive(config: ModelConfig, params, prompts: jax.Array, prompt_len: jax.Array,
+                          reasoning: jax.Array, reasoning_len: jax.Array, temperature=1.0):
+    """The full-sequence reference: the whole model on [x_j | z_i] for every pair (RAGEN's computation)."""
+    _check(prompts, prompt_len, reasoning, reasoning_len)
+    num_rows, max_reason = reasoning.shape
+    reasoning_len = jnp.minimum(reasoning_len.astype(jnp.int32), max_reason)
+    seq_len = prompts.shape[1] + max_reason
+    positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), (num_rows, seq_len))
+
+    def score_column(args):
+        prompt, length = args
+        seq = concat_prompt_reasoning(prompt, length, reasoning)
+        mask = positions < length + reasoning_len[:, None]
+        logits = transformer.apply(config, params, seq, positions, mask)
+        # reasoning token t sits at length + t and is predicted by the logits at length + t - 1
+        at = jnp.clip(length - 1 + jnp.arange(max_reason), 0, seq_len - 1)
+        token_logp = _target_logprobs(jnp.take(logits, at, axis=1), reasoning, temperature)
+        return _reduce(token_logp, reasoning_len)
+
+    mean, total = jax.lax.map(score_column, (prompts, prompt_len.astype(jnp.int32)))
+    return mean.T, total.T
