@@ -57,14 +57,27 @@ class ParsedResponse:
     answer_tokens: jnp.ndarray
 
 
-def _hits(buf: jnp.ndarray, length: jnp.ndarray, pattern: bytes) -> jnp.ndarray:
-    """bool[N]: pattern starts at position p and lies inside buf[:length]."""
-    n = buf.shape[0]
-    padded = jnp.concatenate([buf, jnp.zeros((len(pattern),), buf.dtype)])
-    hit = jnp.arange(n) + len(pattern) <= length
-    for o, ch in enumerate(pattern):
-        hit &= padded[o : o + n] == ch
-    return hit
+def _pattern_table(patterns: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(u8[K, L] zero-padded pattern bytes, i32[K] lengths)."""
+    encoded = [p.encode("utf-8") for p in patterns]
+    table = np.zeros((len(encoded), max(1, *(len(p) for p in encoded))), np.uint8)
+    for i, p in enumerate(encoded):
+        table[i, : len(p)] = np.frombuffer(p, np.uint8)
+    return table, np.array([len(p) for p in encoded], np.int32)
+
+
+_SPECIAL_TABLE, _SPECIAL_LENS = _pattern_table(SPECIAL_STRINGS)
+_THINK, _THINK_END, _ANSWER, _ANSWER_END = range(4)  # columns of SPECIAL_STRINGS
+
+
+def _find_all(buf: jnp.ndarray, length: jnp.ndarray) -> jnp.ndarray:
+    """bool[N, K]: special string k starts at position p and lies inside buf[:length]."""
+    n, width = buf.shape[0], _SPECIAL_TABLE.shape[1]
+    padded = jnp.concatenate([buf, jnp.zeros((width,), buf.dtype)])
+    windows = jnp.stack([padded[o : o + n] for o in range(width)], axis=1)  # [N, L]
+    beyond = np.arange(width)[None, :] >= _SPECIAL_LENS[:, None]  # [K, L] padding of short patterns
+    equal = (windows[:, None, :] == _SPECIAL_TABLE[None]) | beyond[None]
+    return equal.all(-1) & (jnp.arange(n)[:, None] + _SPECIAL_LENS[None, :] <= length)
 
 
 def _first(mask: jnp.ndarray) -> jnp.ndarray:
@@ -108,13 +121,8 @@ class ResponseParser:
         self.max_actions = max_actions
         self.enable_think = enable_think
         self.action_words = tuple(action_words)
-        encoded = [w.lower().encode("utf-8") for w in self.action_words]
-        width = max((len(w) for w in encoded), default=1)
-        table = np.zeros((max(len(encoded), 1), width), np.uint8)
-        for i, w in enumerate(encoded):
-            table[i, : len(w)] = np.frombuffer(w, np.uint8)
-        self._word_bytes = jnp.asarray(table)
-        self._word_lens = jnp.asarray([len(w) for w in encoded] or [-1], jnp.int32)
+        table, lens = _pattern_table(tuple(w.lower() for w in self.action_words) or ("",))
+        self._word_bytes, self._word_lens = jnp.asarray(table), jnp.asarray(lens if self.action_words else [-1])
 
     def __call__(self, tokens: jnp.ndarray, length: jnp.ndarray) -> ParsedResponse:
         """tokens: i32[R] response token ids (only the first `length` i32[] count)."""
@@ -128,8 +136,9 @@ class ResponseParser:
             lengths=jnp.where(counted, self.bytes.lengths[ids], 0),
         )
         buf, n_bytes, source = concat_rows(per_token, jnp.arange(r, dtype=jnp.int32), r * self.bytes_per_token, 0)
-        found, (t0, t1), (a0, a1) = self._spans(buf, n_bytes)
-        answer, answer_len = self._clean_answer(buf, a0, a1, found)
+        hits = _find_all(buf, n_bytes)
+        found, (t0, t1), (a0, a1) = self._spans(hits, buf, n_bytes)
+        answer, answer_len = self._clean_answer(hits, buf, a0, a1, found)
         part_start, part_end, num_parts = self._parts(answer, answer_len)
         action_ids = self._match_words(answer, part_start, part_end, num_parts)
 
@@ -152,20 +161,18 @@ class ResponseParser:
             answer_tokens=token_span(a0, a1),
         )
 
-    def _spans(self, buf, n):
+    def _spans(self, hits, buf, n):
         """(found, think content [t0, t1), answer content [a0, a1)) as byte positions."""
         size = buf.shape[0]
         pos = jnp.arange(size)
-        open_answer = _hits(buf, n, b"<answer>")
-        close_answer = _hits(buf, n, b"</answer>")
+        open_answer, close_answer = hits[:, _ANSWER], hits[:, _ANSWER_END]
         if self.enable_think:
-            t0 = _first(_hits(buf, n, b"<think>")) + len("<think>")
+            t0 = _first(hits[:, _THINK]) + len("<think>")
             # first non-whitespace position at or after each index (size when none)
             nonws = ~_is_ws(buf) | (pos >= n)
             next_nonws = jax.lax.cummin(jnp.where(nonws, pos, size), axis=0, reverse=True)
-            after_close = jnp.clip(pos + len("</think>"), 0, size - 1)
-            answer_at = next_nonws[after_close]
-            link = _hits(buf, n, b"</think>") & (pos >= t0) & open_answer[jnp.clip(answer_at, 0, size - 1)]
+            answer_at = next_nonws[jnp.clip(pos + len("</think>"), 0, size - 1)]
+            link = hits[:, _THINK_END] & (pos >= t0) & open_answer[jnp.clip(answer_at, 0, size - 1)]
             link &= (pos + len("</think>") < size) & (answer_at < size)
             t1 = _first(link)
             a0 = answer_at[jnp.clip(t1, 0, size - 1)] + len("<answer>")
@@ -178,15 +185,17 @@ class ResponseParser:
         found &= a1 < size
         return found, (t0, t1), (a0, a1)
 
-    def _clean_answer(self, buf, a0, a1, found):
+    def _clean_answer(self, hits, buf, a0, a1, found):
         """Compact buf[a0:a1] without the special strings to the front: (u8[N], length i32[])."""
         size = buf.shape[0]
         pos = jnp.arange(size)
-        drop = jnp.zeros((size,), bool)
-        for s in SPECIAL_STRINGS:
-            hit = _hits(buf, a1, s.encode()) & (pos >= a0)
-            for o in range(len(s)):
-                drop |= jnp.concatenate([jnp.zeros((o,), bool), hit[: size - o]])
+        inside = hits & (pos[:, None] >= a0) & (pos[:, None] + _SPECIAL_LENS[None, :] <= a1)
+        # byte j is covered by string k iff a hit starts in (j - len_k, j]: a difference of prefix counts
+        counts = jnp.cumsum(inside, axis=0, dtype=jnp.int32)
+        lag = _SPECIAL_TABLE.shape[1]
+        padded = jnp.concatenate([jnp.zeros((lag, counts.shape[1]), counts.dtype), counts])
+        before = jnp.take_along_axis(padded, pos[:, None] + lag - _SPECIAL_LENS[None, :], axis=0)
+        drop = (counts - before > 0).any(-1)
         keep = found & (pos >= a0) & (pos < a1) & ~drop
         target = jnp.where(keep, jnp.cumsum(keep) - 1, size)
         out = jnp.zeros((size,), jnp.uint8).at[target].set(buf, mode="drop")
@@ -212,10 +221,11 @@ class ResponseParser:
         last = content & (part < next_part)
         first_rank = jnp.cumsum(first) - 1
         last_rank = jnp.cumsum(last) - 1
-        ranks = jnp.arange(self.max_actions)
-        starts = jax.vmap(lambda r: _first(first & (first_rank == r)))(ranks)
-        ends = jax.vmap(lambda r: _first(last & (last_rank == r)) + 1)(ranks)
-        num = jnp.minimum(first.sum(), self.max_actions).astype(jnp.int32)
+        m = self.max_actions
+        ranks = jnp.arange(m)
+        starts = jnp.zeros((m,), jnp.int32).at[jnp.where(first, first_rank, m)].set(pos, mode="drop")
+        ends = jnp.zeros((m,), jnp.int32).at[jnp.where(last, last_rank, m)].set(pos + 1, mode="drop")
+        num = jnp.minimum(first.sum(), m).astype(jnp.int32)
         present = ranks < num
         return jnp.where(present, starts, 0), jnp.where(present, ends, 0), num
 
