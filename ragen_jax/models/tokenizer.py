@@ -83,9 +83,11 @@ class Tokenizer(abc.ABC):
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no BOS/EOS added; special-token strings map to their ids)."""
 
-    @abc.abstractmethod
     def token_bytes(self, i: int) -> bytes:
         """The exact bytes id ``i`` contributes when ids are concatenated and decoded."""
+        if not 0 <= i < self.vocab_size:
+            raise IndexError(f"token id {i} is outside the vocabulary [0, {self.vocab_size})")
+        return self._pieces[i]
 
     @abc.abstractmethod
     def save(self, path: str) -> str:
@@ -116,9 +118,10 @@ class Tokenizer(abc.ABC):
             table[i, : len(piece)] = np.frombuffer(piece, np.uint8)
         return table, lengths
 
-    @functools.cached_property
+    @property
+    @abc.abstractmethod
     def _pieces(self) -> tuple[bytes, ...]:
-        return tuple(self.token_bytes(i) for i in range(self.vocab_size))
+        """``token_bytes`` of every id, computed once."""
 
     @functools.cached_property
     def _bytes_to_id(self) -> dict[bytes, int]:
@@ -184,11 +187,6 @@ class BuiltinTokenizer(Tokenizer):
             pos = best_end
         return out
 
-    def token_bytes(self, i: int) -> bytes:
-        if not 0 <= i < self.vocab_size:
-            raise IndexError(f"token id {i} is outside the vocabulary [0, {self.vocab_size})")
-        return self.pieces[i]
-
     def save(self, path: str) -> str:
         file = _file_in(path, BUILTIN_FILE)
         with open(file, "w", encoding="utf-8") as f:
@@ -197,7 +195,7 @@ class BuiltinTokenizer(Tokenizer):
                        "eos_token": self._eos_token}, f, indent=1)
         return file
 
-    @functools.cached_property
+    @property
     def _pieces(self) -> tuple[bytes, ...]:
         return self.pieces
 
@@ -277,19 +275,21 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
-    def token_bytes(self, i: int) -> bytes:
-        if not 0 <= i < self.vocab_size:
-            raise IndexError(f"token id {i} is outside the vocabulary [0, {self.vocab_size})")
+    @functools.cached_property
+    def _pieces(self) -> tuple[bytes, ...]:
         if not isinstance(self.tokenizer.decoder, tokenizers.decoders.ByteLevel):
             raise NotImplementedError(f"{self.source}: token_bytes supports ByteLevel decoders, this tokenizer "
                                       f"has {type(self.tokenizer.decoder).__name__}")
-        token = self.tokenizer.id_to_token(i)
-        if token is None:
-            return b""
         decoder = _byte_decoder()
-        if all(c in decoder for c in token):
-            return bytes(decoder[c] for c in token)
-        return token.encode("utf-8")
+
+        def piece(token: str | None) -> bytes:
+            if token is None:  # an id without a token
+                return b""
+            if all(c in decoder for c in token):
+                return bytes(decoder[c] for c in token)
+            return token.encode("utf-8")  # what the ByteLevel decoder does with characters outside its alphabet
+
+        return tuple(piece(self.tokenizer.id_to_token(i)) for i in range(self.vocab_size))
 
     def save(self, path: str) -> str:
         """Writes ``tokenizer.json`` and records eos/pad in ``tokenizer_config.json`` beside it (merged).

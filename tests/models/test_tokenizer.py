@@ -170,5 +170,11 @@ def test_errors_name_the_missing_token_or_file(hf_file, tmp_path):
     with pytest.raises(KeyError, match="<\\|pad_missing\\|>"):
         tok_lib.load(hf_file, pad_token="<|pad_missing|>")
     # a tokenizer without any end-of-turn marker or eos setting says what to do
+    with pytest.raises(IndexError, match="token id 511"):
+        tok_lib.builtin().token_bytes(511)
+    metaspace = tokenizers.Tokenizer.from_file(hf_file)
+    metaspace.decoder = decoders.Metaspace()
+    with pytest.raises(NotImplementedError, match="Metaspace"):
+        tok_lib.HFTokenizer(metaspace, source="sp.json").token_bytes(0)
     with pytest.raises(KeyError, match="bare.json.*eos_token"):
         tok_lib.HFTokenizer(tokenizers.Tokenizer(models.BPE({"a": 0}, [])), source="bare.json")
