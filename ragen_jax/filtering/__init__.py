@@ -1,0 +1,50 @@
+"""SNR-aware filtering (spec C): group scores, group selection, compaction, loss scaling, early stops."""
+from ragen_jax.filtering.early_stop import (
+    EmptyStopState,
+    RewardVarianceState,
+    ValidationSuccessState,
+    empty_stop_init,
+    empty_stop_update,
+    reward_variance_base,
+    reward_variance_init,
+    reward_variance_update,
+    validation_success_init,
+    validation_success_update,
+)
+from ragen_jax.filtering.postprocess import (
+    FilterResult,
+    apply_filter,
+    compact,
+    expand_group_mask,
+    filter_loss_scaling,
+    filter_metrics,
+    kept_ratio,
+    permute_rows,
+    soft_advantage_weights,
+)
+from ragen_jax.filtering.selection import group_scores, group_stats, select_groups
+
+__all__ = [
+    "EmptyStopState",
+    "FilterResult",
+    "RewardVarianceState",
+    "ValidationSuccessState",
+    "apply_filter",
+    "compact",
+    "empty_stop_init",
+    "empty_stop_update",
+    "expand_group_mask",
+    "filter_loss_scaling",
+    "filter_metrics",
+    "group_scores",
+    "group_stats",
+    "kept_ratio",
+    "permute_rows",
+    "reward_variance_base",
+    "reward_variance_init",
+    "reward_variance_update",
+    "select_groups",
+    "soft_advantage_weights",
+    "validation_success_init",
+    "validation_success_update",
+]

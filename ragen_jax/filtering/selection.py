@@ -1,0 +1,178 @@
+"""Per-group selection scores and the group selection rule of SNR-aware filtering (spec C.2, C.3).
+
+`select_groups` reproduces RAGEN's `_select_top_groups` with fixed shapes: it returns a bool[N] group
+mask instead of an index list, an empty result is an all-False mask, and ties are broken by the lower
+group index (stable sorts; torch leaves tie order unspecified). `value` may be a traced array, so a
+new filter value never recompiles and `jax.vmap` over values runs a sweep; the strategy, the filter
+type, the top-p mode and `include_zero` are static.
+
+Deliberate difference: `top_k` computes `k = floor(value * N)` in float32 where RAGEN uses a Python
+float64 product; the two differ only when value * N lies within float32 rounding of an integer
+(e.g. 0.29 * 100 gives 29 here and 28 in Python).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.config import FILTER_METRICS, FILTER_STRATEGIES, FILTER_TYPES, TOP_P_MODES
+
+ZERO_SCORE = 1e-10  # |score| <= this counts as zero (include_zero=False, filter_zero_count)
+MIN_P_SLACK = 1e-10  # RAGEN's tolerance in the min_p comparisons
+
+
+def check_choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is invalid: allowed values are {allowed}")
+
+
+def group_stats(values: jax.Array) -> dict[str, jax.Array]:
+    """Per-group statistics of per-trajectory quantities f32[N, G]: unbiased std (ddof=1), max, mean, sum.
+
+    RAGEN calls the unbiased standard deviation "reward variance" (spec C.2, I.1). A group of one
+    has std 0 here (torch gives NaN; the config rejects variance metrics with group_size 1).
+    """
+    values = jnp.asarray(values, jnp.float32)
+    size = values.shape[1]
+    mean = values.mean(1)
+    var = jnp.square(values - mean[:, None]).sum(1) / max(size - 1, 1)
+    return {"std": jnp.sqrt(var), "max": values.max(1), "mean": mean, "sum": values.sum(1)}
+
+
+def group_scores(values: jax.Array, metric: str) -> jax.Array:
+    """Selection score per group, f32[N], from per-trajectory values f32[N, G] (spec C.2).
+
+    metric: `reward_variance` / `entropy_variance` -> unbiased in-group std; `reward` / `entropy` /
+    `length` -> in-group mean; `reward_sum` -> in-group sum. `values` holds the quantity the metric
+    is about: episode rewards (incl. format penalty), mean token entropy over the loss mask, or the
+    number of loss tokens.
+    """
+    check_choice("filter.metric", metric, FILTER_METRICS)
+    stats = group_stats(values)
+    if metric in ("reward_variance", "entropy_variance"):
+        return stats["std"]
+    if metric == "reward_sum":
+        return stats["sum"]
+    return stats["mean"]
+
+
+def _stable_order(candidate: jax.Array, key: jax.Array) -> jax.Array:
+    """Indices sorting candidates first, by ascending `key`, ties by lower index."""
+    iota = jnp.arange(key.shape[0], dtype=jnp.int32)
+    _, _, order = jax.lax.sort((~candidate, key, iota), num_keys=2, is_stable=True)
+    return order
+
+
+def _scatter_back(order: jax.Array, keep_sorted: jax.Array) -> jax.Array:
+    return jnp.zeros_like(keep_sorted).at[order].set(keep_sorted)
+
+
+def _sequential_cumsum(x: jax.Array) -> jax.Array:
+    """Left-to-right float32 prefix sums (the order torch/numpy accumulate in), so thresholds match exactly."""
+    return jax.lax.scan(lambda c, v: (c + v, c + v), jnp.float32(0), x)[1]
+
+
+def _top_p_softmax(scores, candidate, num_candidates, value, largest):
+    logits = jnp.where(candidate, scores if largest else -scores, -jnp.inf)
+    logits = logits - jnp.where(num_candidates > 0, logits.max(), 0.0)
+    weights = jnp.where(candidate, jnp.exp(logits), 0.0)
+    probs = weights / jnp.maximum(weights.sum(), jnp.finfo(jnp.float32).tiny)
+    order = _stable_order(candidate, -probs + 0.0)
+    position = jnp.arange(scores.shape[0])
+    cumulative = _sequential_cumsum(probs[order])
+    # torch.searchsorted(left) + 1: the first position whose cumulative mass reaches `value`, inclusive.
+    k = jnp.minimum(((cumulative < value) & (position < num_candidates)).sum() + 1, num_candidates)
+    return _scatter_back(order, position < k)
+
+
+def _top_p_linear(scores, candidate, value, largest, eps):
+    order = _stable_order(candidate, (-scores if largest else scores) + 0.0)
+    sorted_scores = scores[order]
+    sorted_candidate = candidate[order]
+    threshold = value * jnp.where(candidate, scores, 0.0).sum() - eps
+
+    def step(carry, x):  # RAGEN's Python loop, with "break" as a sticky flag
+        total, count, stopped = carry
+        score, is_candidate = x
+        stopped = stopped | (total >= threshold) | (score <= 0) | ~is_candidate
+        total = jnp.where(stopped, total, total + score)
+        count = count + jnp.where(stopped, 0, 1)
+        return (total, count, stopped), None
+
+    init = (jnp.float32(0), jnp.int32(0), jnp.bool_(False))
+    (total, count, _), _ = jax.lax.scan(step, init, (sorted_scores, sorted_candidate))
+    keep_sorted = (jnp.arange(scores.shape[0]) < count) & (total >= threshold)
+    return _scatter_back(order, keep_sorted)
+
+
+def _top_k(scores, candidate, num_candidates, k, largest):
+    k = jnp.maximum(jnp.minimum(k, num_candidates), 1)
+    order = _stable_order(candidate, (-scores if largest else scores) + 0.0)
+    position = jnp.arange(scores.shape[0])
+    return _scatter_back(order, (position < k) & (position < num_candidates))
+
+
+def select_groups(
+    scores: jax.Array,
+    strategy: str,
+    value: float | jax.Array,
+    filter_type: str = "largest",
+    include_zero: bool = True,
+    top_p_mode: str = "linear",
+    eps: float | jax.Array = 0.01,
+) -> jax.Array:
+    """Which groups to keep, bool[N], exactly as RAGEN's `_select_top_groups` (spec C.3).
+
+    Candidates are all groups, or with `include_zero=False` those with |score| > 1e-10 (none left ->
+    empty). Then, over the candidates:
+      top_p (value >= 1): all candidates.
+      top_p softmax: p = softmax(+-scores) over candidates; keep the most probable groups up to and
+        including the first whose cumulative probability reaches `value`.
+      top_p linear: scan scores from best to worst, adding positive scores until the running sum
+        reaches value * sum(candidate scores) - eps; if it never does, keep nothing.
+      top_k: the k = clip(floor(value * N), 1, #candidates) best, N counting ALL groups.
+      top_k_abs: the k = clip(floor(value), 1, #candidates) best.
+      min_p: largest keeps scores >= max * value - 1e-10; smallest keeps scores <= min / (value +
+        1e-10) + 1e-10.
+    "Best" is the largest score for filter_type="largest" and the smallest for "smallest".
+
+    Args:
+      scores: f32[N] group scores (see `group_scores`).
+      strategy: static, one of FILTER_STRATEGIES.
+      value: p, fraction k, absolute k or min-p ratio; a scalar that may be traced.
+      filter_type: static, "largest" or "smallest".
+      include_zero: static; False removes ~zero scores from the candidates first.
+      top_p_mode: static, "linear" or "softmax".
+      eps: the epsilon subtracted from the linear top-p threshold (may be traced).
+    Returns:
+      bool[N] group mask.
+    """
+    check_choice("filter.strategy", strategy, FILTER_STRATEGIES)
+    check_choice("filter.type", filter_type, FILTER_TYPES)
+    check_choice("filter.top_p_mode", top_p_mode, TOP_P_MODES)
+    scores = jnp.asarray(scores, jnp.float32)
+    value = jnp.asarray(value, jnp.float32)
+    num_groups = scores.shape[0]
+    largest = filter_type == "largest"
+    if include_zero:
+        candidate = jnp.ones(num_groups, bool)
+    else:
+        candidate = jnp.abs(scores) > ZERO_SCORE
+    num_candidates = candidate.sum()
+
+    if strategy == "top_p":
+        if top_p_mode == "softmax":
+            partial = _top_p_softmax(scores, candidate, num_candidates, value, largest)
+        else:
+            partial = _top_p_linear(scores, candidate, value, largest, jnp.asarray(eps, jnp.float32))
+        keep = jnp.where(value >= 1.0, candidate, partial)
+    elif strategy in ("top_k", "top_k_abs"):
+        count = value * num_groups if strategy == "top_k" else value
+        keep = _top_k(scores, candidate, num_candidates, jnp.floor(count).astype(jnp.int32), largest)
+    elif largest:  # min_p
+        best = jnp.where(candidate, scores, -jnp.inf).max()
+        keep = scores >= best * value - MIN_P_SLACK
+    else:
+        best = jnp.where(candidate, scores, jnp.inf).min()
+        keep = scores <= best / (value + MIN_P_SLACK) + MIN_P_SLACK
+    return keep & candidate
