@@ -9,8 +9,20 @@ from ragen_jax.algos.losses import (
     policy_loss,
     value_loss,
 )
+from ragen_jax.algos.presets import (
+    ALGORITHM_PRESETS,
+    FILTER_PRESETS,
+    apply_overrides,
+    kl_overrides,
+    preset_config,
+)
 
 __all__ = [
+    "ALGORITHM_PRESETS",
+    "FILTER_PRESETS",
+    "apply_overrides",
+    "kl_overrides",
+    "preset_config",
     "agg_loss",
     "bi_level_gae",
     "entropy_from_logits",
