@@ -5,10 +5,11 @@
 transposed on the way in and out; per-layer tensors fill slot ``i`` of the ``[num_layers, ...]`` leaves).
 
 Host memory: the loader builds the tree one leaf at a time. For a leaf it allocates one float32 buffer,
-reads the tensors that fill it one by one with ``safetensors.safe_open`` (memory-mapped; a bfloat16
-tensor is converted to float32 straight into the buffer), and hands the buffer to JAX without a copy on
-the CPU backend (``jnp.asarray(copy=False)``) or transfers it (``jax.device_put``, to the given sharding)
-and drops it elsewhere. So the host never holds more than the weights once, plus one read tensor.
+reads the tensors that fill it one by one with ``safetensors.safe_open`` (a bfloat16 tensor is converted
+to float32 straight into the buffer), and passes the buffer to ``jax.device_put``: on the CPU backend's
+default device the array aliases the 64-byte aligned buffer (no copy); on an accelerator, or to a given
+sharding, it is transferred and the buffer dropped. So the host never holds more than the weights once,
+plus one read tensor (and, off the CPU default device, one leaf in transit).
 
 Supported: ``Qwen2ForCausalLM`` (q/k/v bias) and ``LlamaForCausalLM`` without attention/MLP bias; RoPE
 theta under ``rope_theta`` (transformers 4) or ``rope_parameters`` (transformers 5), RoPE types
@@ -24,7 +25,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import safetensors
 import safetensors.numpy
@@ -220,7 +220,7 @@ def load_pretrained(path: str, compute_dtype: str = "float32", shardings: Any = 
                 raise CheckpointError(f"tensor {name!r} has shape {got}, expected {want} from {CONFIG_FILE}")
         params: dict = {}
         for leaf, shape in leaf_shapes.items():
-            buffer = np.empty(shape, np.float32)
+            buffer = _aligned_empty(shape)
             for name, (leaf_of_name, layer, transposed) in expected.items():
                 if leaf_of_name == leaf:
                     tensor = location[name].get_tensor(name)
@@ -254,9 +254,17 @@ def _subtree(tree: Any, path: tuple[str, ...]) -> Any:
     return tree
 
 
+def _aligned_empty(shape: tuple[int, ...], alignment: int = 64) -> np.ndarray:
+    """An uninitialised float32 array whose data is ``alignment``-byte aligned (what XLA:CPU can alias)."""
+    size = int(np.prod(shape)) * 4
+    raw = np.empty(size + alignment, np.uint8)
+    offset = -raw.ctypes.data % alignment
+    return raw[offset:offset + size].view(np.float32).reshape(shape)
+
+
 def _to_device(buffer: np.ndarray, sharding: Any) -> jax.Array:
-    if sharding is None and jax.default_backend() == "cpu":
-        return jnp.asarray(buffer, copy=False)  # the array takes over the buffer: no second host copy
+    """On the CPU backend's default device the array aliases the aligned buffer (no copy); elsewhere it is
+    transferred and the caller drops the buffer."""
     return jax.device_put(buffer, sharding)
 
 

@@ -126,6 +126,36 @@ def test_both_rope_layouts_give_the_same_config(saved, tmp_path):
         assert hf_io.config_from_hf(v4)[0] == config5
 
 
+def test_loading_on_cpu_keeps_one_host_copy(saved, monkeypatch):
+    """Every leaf is built in one host buffer that the JAX array then aliases (no second copy)."""
+    _, single, _ = saved
+    placed = []
+
+    def spy(buffer, sharding):
+        array = to_device(buffer, sharding)
+        placed.append(array.unsafe_buffer_pointer() == buffer.ctypes.data)
+        return array
+
+    to_device = hf_io._to_device
+    monkeypatch.setattr(hf_io, "_to_device", spy)
+    model = hf_io.load_pretrained(single)
+    assert len(placed) == len(jax.tree.leaves(model.params)) and all(placed)
+
+
+def test_load_to_shardings(saved):
+    _, single, _ = saved
+    plain = hf_io.load_pretrained(single)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("fsdp",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    shardings = jax.tree.map(lambda _: replicated, plain.params)
+    shardings["embed"]["embedding"] = rows  # vocab 96 / 80 rows over 8 devices
+    sharded = hf_io.load_pretrained(single, shardings=shardings)
+    assert sharded.params["embed"]["embedding"].sharding == rows
+    for a, b in zip(jax.tree.leaves(sharded.params), jax.tree.leaves(plain.params)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_bfloat16_checkpoint_loads_as_float32(tmp_path):
     torch_model = _hf_model("qwen2").to(torch.bfloat16)
     torch_model.save_pretrained(str(tmp_path))
