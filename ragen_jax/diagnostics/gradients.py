@@ -1,0 +1,193 @@
+"""Gradient-component analysis by reward-variance bucket (spec E.3): does the task gradient shrink with RV while
+the regulariser gradients stay flat?
+
+Groups are bucketed by their reward std (RV): `quantile` sorts the valid groups ascending by RV (ties: lower
+group first) into min(num_buckets, #groups) equal-count buckets, the remainder going to the LAST one (128 groups
+-> 21,21,21,21,21,23); `fixed_rv` uses [0,1), [1,2), ..., [num_buckets-1, inf). Buckets are `bucket_1` (lowest
+RV) .. `bucket_n`, plus `all` (every valid row). For each bucket the gradients of the three loss terms are
+taken separately on that bucket's rows (no optimizer step, parameters untouched):
+
+  task = policy_loss(...)            entropy = -entropy_coeff * agg(H)      kl = kl_coef * agg(kl_penalty)
+
+so task + entropy + kl is the actor loss and the three gradients sum to its gradient. Logged (RAGEN names,
+prefix `grad_norm/`): `<bucket>/{task,entropy,kl}` global L2 norms, `<bucket>/per_sample/<c>` (norm / rows),
+`<bucket>/per_token/<c>` (norm / loss tokens), `<bucket>/loss/{policy,entropy,kl,total}` (the signed terms
+above), `<bucket>/sample_count|sample_pct|group_rv_count`, `<bucket>/reward_std_mean|min|max` (over the bucket's
+groups), and `all/reg` = ||g_entropy + g_kl|| with `all/snr` = ||g_task|| / ||g_reg|| (the SNR proxy of E.2).
+An empty bucket reports NaN norms, losses and RV stats with sample_count 0 (RAGEN omits it).
+
+Differences from RAGEN: one gradient per bucket over all its rows instead of the mean of per-minibatch norms
+(the norm of the bucket's mean gradient, as in E.2's ||sum_x g_task(x)||), and no trailing-row trimming for
+data-parallel divisibility. One forward pass serves every bucket and component (a VJP per gradient).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.algos import losses
+from ragen_jax.config import BUCKET_MODES
+
+COMPONENTS = ("task", "entropy", "kl")
+
+# (params, tokens int32[B, L], positions int32[B, L], attention_mask bool[B, L]) -> logits f32[B, L, V]
+LogitsFn = Callable[[object, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+@flax.struct.dataclass
+class GradBatch:
+    """A prepared actor batch. Token arrays are [B, L-1], aligned with the targets tokens[:, 1:].
+
+    loss_mask: bool/f32[B, L-1] trained target tokens. row_valid: bool[B] rows in the analysed (filtered)
+    batch. group_ids: int32[B] in [0, G). group_rv: f32[G] each group's reward std (`filtering.group_scores`).
+    ref_logp may be None when there is no KL loss term (its gradient is then reported as 0).
+    """
+
+    tokens: jax.Array
+    positions: jax.Array
+    attention_mask: jax.Array
+    loss_mask: jax.Array
+    old_logp: jax.Array
+    advantages: jax.Array
+    ref_logp: jax.Array | None
+    row_valid: jax.Array
+    group_ids: jax.Array
+    group_rv: jax.Array
+
+
+@flax.struct.dataclass
+class LossHyper:
+    """Traced loss coefficients (sweepable without recompiling)."""
+
+    clip_low: jax.Array
+    clip_high: jax.Array
+    clip_c: jax.Array
+    entropy_coeff: jax.Array
+    kl_coef: jax.Array
+    temperature: jax.Array
+
+
+def should_run(step, every: int) -> jax.Array:
+    """RAGEN's trigger `(step - 1) % every == 0` (every=50: steps 1, 51, 101); every=0: never."""
+    if every <= 0:
+        return jnp.zeros((), jnp.bool_)
+    step = jnp.asarray(step)
+    return (step >= 1) & ((step - 1) % every == 0)
+
+
+def assign_buckets(group_rv: jax.Array, group_valid: jax.Array, mode: str, num_buckets: int) -> jax.Array:
+    """int32[G]: each valid group's bucket in [0, num_buckets), -1 for invalid groups."""
+    if mode not in BUCKET_MODES:
+        raise ValueError(f"bucket mode {mode!r} is invalid: allowed values are {BUCKET_MODES}")
+    if num_buckets < 1:
+        raise ValueError(f"num_buckets = {num_buckets} is invalid: must be >= 1")
+    if mode == "fixed_rv":
+        bucket = jnp.clip(jnp.floor(group_rv), 0, num_buckets - 1).astype(jnp.int32)
+    else:
+        count = jnp.sum(group_valid)
+        used = jnp.maximum(jnp.minimum(num_buckets, count), 1)
+        per_bucket = jnp.maximum(count // used, 1)
+        order = jnp.argsort(jnp.where(group_valid, group_rv, jnp.inf), stable=True)
+        rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+        bucket = jnp.minimum(rank // per_bucket, used - 1).astype(jnp.int32)
+    return jnp.where(group_valid, bucket, -1)
+
+
+def _global_norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def _component_losses(logp, entropy, batch: GradBatch, mask, hyper: LossHyper, agg_mode: str, kl_type: str):
+    """The three signed loss terms f32[3] on the token mask `mask`."""
+    task, _ = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask, hyper.clip_low, hyper.clip_high,
+                                 hyper.clip_c, agg_mode)
+    ent = -hyper.entropy_coeff * losses.agg_loss(entropy, mask, agg_mode)
+    if batch.ref_logp is None:
+        kl = jnp.zeros((), jnp.float32)
+    else:
+        kl = hyper.kl_coef * losses.agg_loss(losses.kl_penalty(logp, batch.ref_logp, kl_type), mask, agg_mode)
+    return jnp.stack([task, ent, kl])
+
+
+def _forward(logits_fn: LogitsFn, params, batch: GradBatch, temperature):
+    """One forward: (logp, entropy) f32[B, L-1] and the pullback from their cotangents to a params gradient."""
+    logits, params_vjp = jax.vjp(
+        lambda p: logits_fn(p, batch.tokens, batch.positions, batch.attention_mask)[:, :-1], params)
+    (logp, entropy), logits_vjp = jax.vjp(
+        lambda lg: losses.logprobs_and_entropy(lg, batch.tokens[:, 1:], temperature), logits)
+    return logp, entropy, lambda cotangents: params_vjp(logits_vjp(cotangents)[0])[0]
+
+
+def _bucket_gradients(forward, batch: GradBatch, rows, hyper: LossHyper, agg_mode: str, kl_type: str):
+    """(terms f32[3], [g_task, g_entropy, g_kl] param trees, loss tokens) on the rows weighted by `rows` f32[B]."""
+    logp, entropy, pullback = forward
+    mask = batch.loss_mask.astype(jnp.float32) * rows[:, None]
+    terms, per_term = jax.vjp(
+        lambda lp, ent: _component_losses(lp, ent, batch, mask, hyper, agg_mode, kl_type), logp, entropy)
+    grads = [pullback(per_term(jnp.eye(3, dtype=jnp.float32)[c])) for c in range(3)]
+    return terms, grads, jnp.sum(mask)
+
+
+def component_gradients(logits_fn: LogitsFn, params, batch: GradBatch, hyper: LossHyper, rows: jax.Array, *,
+                        agg_mode: str, kl_type: str = "kl"):
+    """The gradients of the task, entropy and KL terms on the rows selected by `rows` (bool/f32[B]).
+
+    Returns (terms f32[3], [g_task, g_entropy, g_kl]) with each gradient shaped like `params`.
+    """
+    forward = _forward(logits_fn, params, batch, hyper.temperature)
+    terms, grads, _ = _bucket_gradients(forward, batch, rows.astype(jnp.float32), hyper, agg_mode, kl_type)
+    return terms, grads
+
+
+def gradient_analysis(logits_fn: LogitsFn, params, batch: GradBatch, hyper: LossHyper, *, agg_mode: str,
+                      kl_type: str = "kl", bucket_mode: str = "quantile", num_buckets: int = 6,
+                      prefix: str = "grad_norm") -> dict:
+    """Per-bucket, per-component gradient norms and RV statistics (see module docstring). Jittable.
+
+    Returns a dict of f32 scalars keyed `{prefix}/{bucket}/...` for bucket in `all`, `bucket_1..n`.
+    """
+    num_groups = batch.group_rv.shape[0]
+    row_valid = batch.row_valid.astype(bool)
+    group_valid = jnp.zeros((num_groups,), bool).at[batch.group_ids].max(row_valid)
+    group_bucket = assign_buckets(batch.group_rv, group_valid, bucket_mode, num_buckets)
+    names = ("all",) + tuple(f"bucket_{b + 1}" for b in range(num_buckets))
+    group_in = jnp.stack([group_valid] + [group_bucket == b for b in range(num_buckets)])  # [K, G]
+    in_bucket = group_in[:, batch.group_ids] & row_valid[None, :]  # [K, B]
+    forward = _forward(logits_fn, params, batch, hyper.temperature)
+
+    def per_bucket(rows):
+        terms, grads, tokens = _bucket_gradients(forward, batch, rows, hyper, agg_mode, kl_type)
+        norms = jnp.stack([_global_norm(g) for g in grads])
+        reg = _global_norm(jax.tree.map(jnp.add, grads[1], grads[2]))
+        return terms, norms, reg, jnp.sum(rows), tokens
+
+    terms, norms, reg, rows, tokens = jax.lax.map(per_bucket, in_bucket.astype(jnp.float32))
+
+    rv = batch.group_rv.astype(jnp.float32)[None, :]
+    group_count = jnp.sum(group_in, axis=1).astype(jnp.float32)
+    nan = jnp.float32(jnp.nan)
+    total_rows = jnp.maximum(rows[0], 1.0)
+    out = {}
+    for k, name in enumerate(names):
+        key = f"{prefix}/{name}"
+        empty = rows[k] == 0
+        out[f"{key}/sample_count"] = rows[k]
+        out[f"{key}/sample_pct"] = rows[k] / total_rows
+        out[f"{key}/group_rv_count"] = group_count[k]
+        out[f"{key}/reward_std_mean"] = jnp.where(empty, nan, jnp.sum(jnp.where(group_in[k], rv, 0.0))
+                                                  / jnp.maximum(group_count[k], 1.0))
+        out[f"{key}/reward_std_min"] = jnp.where(empty, nan, jnp.min(jnp.where(group_in[k], rv, jnp.inf)))
+        out[f"{key}/reward_std_max"] = jnp.where(empty, nan, jnp.max(jnp.where(group_in[k], rv, -jnp.inf)))
+        for c, comp in enumerate(COMPONENTS):
+            out[f"{key}/{comp}"] = jnp.where(empty, nan, norms[k, c])
+            out[f"{key}/per_sample/{comp}"] = jnp.where(empty, nan, norms[k, c] / jnp.maximum(rows[k], 1.0))
+            out[f"{key}/per_token/{comp}"] = jnp.where(empty, nan, norms[k, c] / jnp.maximum(tokens[k], 1.0))
+        for c, term in enumerate(("policy", "entropy", "kl")):
+            out[f"{key}/loss/{term}"] = jnp.where(empty, nan, terms[k, c])
+        out[f"{key}/loss/total"] = jnp.where(empty, nan, jnp.sum(terms[k]))
+    out[f"{prefix}/all/reg"] = reg[0]
+    out[f"{prefix}/all/snr"] = norms[0, 0] / jnp.maximum(reg[0], 1e-30)
+    return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
