@@ -212,7 +212,7 @@ def load_pretrained(path: str, compute_dtype: str = "float32", shardings: Any = 
         for file in _shard_files(path):
             handle = stack.enter_context(safetensors.safe_open(file, framework="numpy"))
             location.update({name: handle for name in handle.keys()})
-        _check_names(expected, location)
+        _check_names(expected, location, config.tie_embeddings)
         for name, (leaf, layer, transposed) in expected.items():
             want = _hf_shape(leaf_shapes[leaf], layer, transposed)
             got = tuple(location[name].get_slice(name).get_shape())
@@ -232,8 +232,13 @@ def load_pretrained(path: str, compute_dtype: str = "float32", shardings: Any = 
     return Model(config, params)
 
 
-def _check_names(expected: dict, present: dict) -> None:
+def _check_names(expected: dict, present: dict, tied: bool) -> None:
     ignored = {n for n in present if n.endswith("rotary_emb.inv_freq")}  # a derived buffer of old checkpoints
+    head, embedding = "lm_head.weight", "model.embed_tokens.weight"
+    if tied and head in present and embedding in present:  # some tied checkpoints store the head as a copy
+        if not np.array_equal(present[head].get_tensor(head), present[embedding].get_tensor(embedding)):
+            raise CheckpointError(f"tensor {head!r} differs from {embedding!r} although tie_word_embeddings is true")
+        ignored.add(head)
     missing = sorted(set(expected) - set(present), key=_natural)
     unexpected = sorted(set(present) - set(expected) - ignored, key=_natural)
     if missing:
@@ -243,7 +248,8 @@ def _check_names(expected: dict, present: dict) -> None:
 
 
 def _natural(name: str) -> list:
-    return [int(p) if p.isdigit() else p for p in name.split(".")]
+    """Sort key putting "layers.2" before "layers.10"."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in name.split(".")]
 
 
 def _subtree(tree: Any, path: tuple[str, ...]) -> Any:

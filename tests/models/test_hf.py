@@ -190,7 +190,7 @@ def _rewrite(src, dst, edit_tensors=None, edit_config=None):
 def test_errors_name_the_offending_tensor_or_setting(tmp_path):
     config, _ = hf_io.config_from_hf({"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 16,
                                       "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 2,
-                                      "num_key_value_heads": 1})
+                                      "num_key_value_heads": 1, "tie_word_embeddings": True})
     rng = np.random.default_rng(0)
     shapes = jax.eval_shape(functools.partial(tfm.init_params, config), jax.random.key(0))
     model = tfm.Model(config, jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape), jnp.float32), shapes))
@@ -203,6 +203,11 @@ def test_errors_name_the_offending_tensor_or_setting(tmp_path):
          "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'"),
         (dict(edit_tensors=lambda t: t.update({"model.norm.weight": np.zeros(17, np.float32)})),
          "tensor 'model.norm.weight' has shape \\(17,\\), expected \\(16,\\)"),
+        (dict(edit_tensors=lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] + 1})),
+         "'lm_head.weight' differs from 'model.embed_tokens.weight'"),
+        (dict(edit_tensors=lambda t: t.update({"model.layers.10.mlp.up_proj.weight": np.zeros(1, np.float32),
+                                               "model.layers.x.mlp.up_proj.weight": np.zeros(1, np.float32)})),
+         "unexpected tensor 'model.layers.10.mlp.up_proj.weight'"),
         (dict(edit_config=lambda c: c.update(architectures=["MistralForCausalLM"])), "MistralForCausalLM"),
         (dict(edit_config=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0})), "'yarn'"),
         (dict(edit_config=lambda c: c.update(attention_bias=True)), "attention_bias"),
@@ -212,6 +217,11 @@ def test_errors_name_the_offending_tensor_or_setting(tmp_path):
     for k, (edit, message) in enumerate(cases):
         with pytest.raises(hf_io.CheckpointError, match=message):
             hf_io.load_pretrained(_rewrite(good, tmp_path / f"case{k}", **edit))
+    # a tied checkpoint that also stores the head as an exact copy of the embedding loads
+    copy = _rewrite(good, tmp_path / "tied_copy",
+                    edit_tensors=lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].copy()}))
+    assert np.array_equal(np.asarray(hf_io.load_pretrained(copy).params["embed"]["embedding"]),
+                          np.asarray(model.params["embed"]["embedding"]))
     os.remove(os.path.join(good, hf_io.WEIGHTS_FILE))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         hf_io.load_pretrained(good)
