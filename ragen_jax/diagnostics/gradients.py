@@ -127,7 +127,8 @@ def _bucket_gradients(forward, batch: GradBatch, rows, hyper: LossHyper, agg_mod
     mask = batch.loss_mask.astype(jnp.float32) * rows[:, None]
     terms, per_term = jax.vjp(
         lambda lp, ent: _component_losses(lp, ent, batch, mask, hyper, agg_mode, kl_type), logp, entropy)
-    grads = [pullback(per_term(jnp.eye(3, dtype=jnp.float32)[c])) for c in range(3)]
+    stacked = jax.vmap(pullback)(jax.vmap(per_term)(jnp.eye(3, dtype=jnp.float32)))  # one batched backward
+    grads = [jax.tree.map(lambda g, c=c: g[c], stacked) for c in range(3)]
     return terms, grads, jnp.sum(mask)
 
 

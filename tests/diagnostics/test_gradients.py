@@ -85,26 +85,20 @@ def setup():
     row_valid = np.ones(batch_size, bool)
     row_valid[-GROUP_SIZE:] = False  # a filtered-out group
     tokens = jnp.asarray(np.where(attention, rng.integers(0, CONFIG.vocab_size, (batch_size, LENGTH)), 0), jnp.int32)
-    logp = jax.jit(functools.partial(_logprobs, temperature=HYPER.temperature))(params, tokens, jnp.asarray(attention))
+    zeros = jnp.zeros((batch_size, LENGTH - 1), jnp.float32)
     batch = gradients.GradBatch(
         tokens=tokens, positions=jnp.broadcast_to(jnp.arange(LENGTH, dtype=jnp.int32), tokens.shape),
-        attention_mask=jnp.asarray(attention), loss_mask=jnp.asarray(loss_mask),
-        old_logp=logp + 0.05 * jnp.asarray(rng.normal(size=logp.shape), jnp.float32),
-        advantages=jnp.asarray(np.broadcast_to(adv[:, None], logp.shape), jnp.float32),
-        ref_logp=logp + 0.3 * jnp.asarray(rng.normal(size=logp.shape), jnp.float32),
+        attention_mask=jnp.asarray(attention), loss_mask=jnp.asarray(loss_mask), old_logp=zeros,
+        advantages=jnp.asarray(np.broadcast_to(adv[:, None], zeros.shape), jnp.float32), ref_logp=zeros,
         row_valid=jnp.asarray(row_valid), group_ids=jnp.asarray(np.repeat(np.arange(GROUPS), GROUP_SIZE), jnp.int32),
         group_rv=jnp.asarray(group_rv, jnp.float32))
-    return params, batch
-
-
-def _logprobs(params, tokens, attention, temperature):
-    logits = _logits_fn(params, tokens, jnp.broadcast_to(jnp.arange(LENGTH), tokens.shape), attention)[:, :-1]
-    logsm = jax.nn.log_softmax(logits / temperature, axis=-1)
-    return jnp.take_along_axis(logsm, tokens[:, 1:, None], axis=-1)[..., 0]
+    (_, logp), _ = _total_value_and_grad(params, batch, batch.row_valid.astype(jnp.float32))  # current log-probs
+    noise = lambda scale: scale * jnp.asarray(rng.normal(size=logp.shape), jnp.float32)  # noqa: E731
+    return params, batch.replace(old_logp=logp + noise(0.05), ref_logp=logp + noise(0.3))
 
 
 def _total_loss(params, batch, rows):
-    """The actor loss written directly: plain log-softmax and entropy, then the objective's terms."""
+    """(actor loss, logp) written directly: plain log-softmax and entropy, then the objective's terms."""
     logits = _logits_fn(params, batch.tokens, batch.positions, batch.attention_mask)[:, :-1] / HYPER.temperature
     logsm = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(logsm, batch.tokens[:, 1:, None], axis=-1)[..., 0]
@@ -113,7 +107,10 @@ def _total_loss(params, batch, rows):
     task, _ = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask, HYPER.clip_low, HYPER.clip_high,
                                  HYPER.clip_c, AGG)
     kl = losses.agg_loss(losses.kl_penalty(logp, batch.ref_logp, KL), mask, AGG)
-    return task - HYPER.entropy_coeff * losses.agg_loss(entropy, mask, AGG) + HYPER.kl_coef * kl
+    return task - HYPER.entropy_coeff * losses.agg_loss(entropy, mask, AGG) + HYPER.kl_coef * kl, logp
+
+
+_total_value_and_grad = jax.jit(jax.value_and_grad(_total_loss, has_aux=True))
 
 
 _components = jax.jit(functools.partial(gradients.component_gradients, _logits_fn, agg_mode=AGG, kl_type=KL))
@@ -128,7 +125,7 @@ def test_component_gradients_sum_to_total_gradient(setup):
     params, batch = setup
     rows = batch.row_valid.astype(jnp.float32)
     terms, grads = _components(params, batch, HYPER, rows)
-    total_value, total_grad = jax.jit(jax.value_and_grad(_total_loss))(params, batch, rows)
+    (total_value, _), total_grad = _total_value_and_grad(params, batch, rows)
     assert float(jnp.sum(terms)) == pytest.approx(float(total_value), rel=1e-5, abs=1e-7)
     summed = jax.tree.map(lambda a, b, c: a + b + c, *grads)
     diff = jax.tree.map(jnp.subtract, summed, total_grad)
