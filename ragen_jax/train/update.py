@@ -1,0 +1,294 @@
+"""The update phase of one training step: critic and actor optimisation over a compacted batch (spec B.1, B.4, B.6).
+
+Pure and jittable. The batch arrives COMPACTED (`ragen_jax.filtering.compact`): rows [0, kept_rows) are the
+kept rows, the rest were dropped by the filter. Epochs x minibatches run as nested `lax.scan`s over
+consecutive row blocks (verl's unshuffled `batch.split`); a minibatch whose first row is at or past
+`kept_rows` is skipped with `lax.cond` (no forward, backward or optimizer step), so filtering saves
+compute. Dropped rows inside a partly kept minibatch are masked out of every loss.
+
+Differences from RAGEN/verl, deliberate (spec I.12): RAGEN pads a filtered batch to a multiple of the
+minibatch size with randomly duplicated rows that then count twice; here the last partial minibatch is
+simply smaller (masked). With micro-batches (gradient accumulation) the minibatch loss is the mean of the
+micro-batch losses over micro-batches that hold a kept row (verl divides by the fixed micro-batch count).
+
+Model functions are generic: `logits_fn(params, tokens, positions, attention_mask) -> f32[B, T, V]` and
+`values_fn(params, tokens, positions, attention_mask) -> f32[B, T]` must be causal; they are called on the
+first L-1 tokens, whose outputs score the (B, L-1) targets `tokens[:, 1:]` (spec A.9).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from ragen_jax.algos.losses import DEFAULT_VOCAB_CHUNK, agg_loss, kl_penalty, logprobs_and_entropy, masked_mean
+from ragen_jax.algos.losses import policy_loss, value_loss
+from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES
+
+Params = Any
+LogitsFn = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
+ValuesFn = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
+CLIP_NORM_EPS = 1e-6  # torch clip_grad_norm_: coef = max_norm / (norm + 1e-6)
+
+
+class UpdateBatch(NamedTuple):
+    """One step's training rows (compacted: kept rows first). L = sequence length, T = L - 1."""
+
+    tokens: jax.Array  # int32[B, L]
+    positions: jax.Array  # int32[B, L]
+    attention_mask: jax.Array  # bool[B, L]
+    loss_mask: jax.Array  # f32[B, T], 1 on trained (assistant) targets
+    old_logp: jax.Array  # f32[B, T], log-probs recomputed before the update
+    advantages: jax.Array  # f32[B, T]
+    ref_logp: jax.Array  # f32[B, T], reference-policy log-probs (zeros when no KL loss)
+    returns: jax.Array  # f32[B, T], critic targets
+    old_values: jax.Array  # f32[B, T], critic values before the update
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """Static structure of one model's update (changing a field recompiles)."""
+
+    epochs: int = 1  # ppo_epochs
+    minibatch_size: int = 32  # rows per optimizer step (ppo_mini_batch_size)
+    micro_batch_size: int | None = None  # rows per gradient-accumulation chunk; None = the minibatch
+    loss_agg_mode: str = "token-mean"
+    use_kl_loss: bool = False
+    kl_loss_type: str = "kl"
+    vocab_chunk: int = DEFAULT_VOCAB_CHUNK
+    b1: float = 0.9
+    b2: float = 0.999
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        micro = self.micro_batch_size or self.minibatch_size
+        if self.minibatch_size < 1 or self.epochs < 1 or self.minibatch_size % micro:
+            raise ValueError(f"UpdateConfig epochs={self.epochs}, minibatch_size={self.minibatch_size}, "
+                             f"micro_batch_size={self.micro_batch_size}: need positive sizes, micro dividing minibatch")
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"UpdateConfig.loss_agg_mode={self.loss_agg_mode!r}: allowed values are {LOSS_AGG_MODES}")
+        if self.kl_loss_type not in KL_ESTIMATORS:
+            raise ValueError(f"UpdateConfig.kl_loss_type={self.kl_loss_type!r}: allowed values are {KL_ESTIMATORS}")
+
+    @property
+    def micro(self) -> int:
+        return self.micro_batch_size or self.minibatch_size
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict, **overrides) -> "UpdateConfig":
+        """Actor and critic share these keys of `configs/base.py` (algo.*, optim.*)."""
+        a, o = config.algo, config.optim
+        fields = dict(epochs=a.ppo_epochs, minibatch_size=a.ppo_mini_batch_size, loss_agg_mode=a.loss_agg_mode,
+                      use_kl_loss=a.use_kl_loss, kl_loss_type=a.kl_loss_type, b1=o.b1, b2=o.b2,
+                      weight_decay=o.weight_decay, grad_clip=o.grad_clip)
+        return cls(**{**fields, **overrides})
+
+
+class ActorHyper(NamedTuple):
+    """Traced actor hyperparameters (f32 scalars): a new value never recompiles."""
+
+    lr: jax.Array
+    clip_ratio_low: jax.Array
+    clip_ratio_high: jax.Array
+    clip_ratio_c: jax.Array
+    entropy_coeff: jax.Array
+    kl_loss_coef: jax.Array
+    temperature: jax.Array
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "ActorHyper":
+        a = config.algo
+        values = (config.optim.actor_lr, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c, a.entropy_coeff,
+                  a.kl_loss_coef, config.rollout.temperature)
+        return cls(*(jnp.float32(v) for v in values))
+
+
+class CriticHyper(NamedTuple):
+    lr: jax.Array
+    value_clip: jax.Array
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "CriticHyper":
+        return cls(jnp.float32(config.optim.critic_lr), jnp.float32(config.algo.value_clip))
+
+
+# ------------------------------------------------------------------------------------------------ optimizer
+def _adamw(config: UpdateConfig) -> optax.GradientTransformation:
+    """AdamW without the learning rate (applied as a traced scalar): Adam moments + decoupled weight decay."""
+    return optax.chain(optax.scale_by_adam(config.b1, config.b2, config.adam_eps),
+                       optax.add_decayed_weights(config.weight_decay))
+
+
+def optimizer_init(params: Params, config: UpdateConfig) -> optax.OptState:
+    """AdamW state (float32 moments and step count) for `params`."""
+    return _adamw(config).init(params)
+
+
+def optimizer_step(params, opt_state, grads, lr, config: UpdateConfig):
+    """Global-norm clip (torch semantics) then AdamW; a non-finite grad norm skips the step entirely.
+
+    Returns (params, opt_state, grad_norm before clipping, applied: bool).
+    """
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    scale = jnp.minimum(1.0, config.grad_clip / (grad_norm + CLIP_NORM_EPS))
+    grads = jax.tree.map(lambda g: g * scale, grads)
+    updates, new_state = _adamw(config).update(grads, opt_state, params)
+    new_params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    return keep(new_params, params), keep(new_state, opt_state), grad_norm, finite
+
+
+# ------------------------------------------------------------------------------------------------ forward passes
+def _inputs(tokens, positions, attention_mask):
+    return tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1]
+
+
+def token_logprobs(logits_fn: LogitsFn, params, tokens, positions, attention_mask, temperature,
+                   vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> tuple[jax.Array, jax.Array]:
+    """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
+
+    The same code scores old log-probs before the update and new ones inside it, so the ratio is exactly
+    1 on the first minibatch (spec design rule 6).
+    """
+    logits = logits_fn(params, *_inputs(tokens, positions, attention_mask))
+    return logprobs_and_entropy(logits, tokens[:, 1:], temperature, vocab_chunk)
+
+
+def token_values(values_fn: ValuesFn, params, tokens, positions, attention_mask) -> jax.Array:
+    """Critic values f32[B, L-1] aligned with the targets (value of the prefix up to token t)."""
+    return values_fn(params, *_inputs(tokens, positions, attention_mask)).astype(jnp.float32)
+
+
+def _actor_loss(logits_fn, config: UpdateConfig, hyper: ActorHyper, params, batch: UpdateBatch, mask):
+    logp, entropy = token_logprobs(logits_fn, params, batch.tokens, batch.positions, batch.attention_mask,
+                                   hyper.temperature, config.vocab_chunk)
+    mode = config.loss_agg_mode
+    pg_loss, pg_metrics = policy_loss(logp, batch.old_logp, batch.advantages, mask, hyper.clip_ratio_low,
+                                      hyper.clip_ratio_high, hyper.clip_ratio_c, mode)
+    entropy_loss = agg_loss(entropy, mask, mode)
+    loss = pg_loss - hyper.entropy_coeff * entropy_loss
+    metrics = {"actor/pg_loss": pg_loss, "actor/entropy_loss": entropy_loss,
+               **{f"actor/{k}": v for k, v in pg_metrics.items()}}
+    if config.use_kl_loss:
+        kl_loss = agg_loss(kl_penalty(logp, batch.ref_logp, config.kl_loss_type), mask, mode)
+        loss = loss + hyper.kl_loss_coef * kl_loss
+        metrics["actor/kl_loss"] = kl_loss
+    return loss, metrics
+
+
+def _critic_loss(values_fn, config: UpdateConfig, hyper: CriticHyper, params, batch: UpdateBatch, mask):
+    values = token_values(values_fn, params, batch.tokens, batch.positions, batch.attention_mask)
+    loss, metrics = value_loss(values, batch.old_values, batch.returns, mask, hyper.value_clip, config.loss_agg_mode)
+    return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": metrics["vf_clipfrac"],
+                  "critic/vpred_mean": masked_mean(values, mask)}
+
+
+# ------------------------------------------------------------------------------------------------ minibatch loop
+def _split(tree, block: int):
+    """[B, ...] leaves -> [B // block, block, ...]."""
+    return jax.tree.map(lambda x: x.reshape(x.shape[0] // block, block, *x.shape[1:]), tree)
+
+
+def _zeros_like_result(fn, *args):
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
+
+
+def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_rows, micro: int):
+    """Mean over micro-batches holding a kept row of (grad, metrics); empty micro-batches are skipped."""
+    micro_batches = (_split(minibatch, micro), row_ids.reshape(-1, micro))
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+    first = jax.tree.map(lambda x: x[0], micro_batches[0])
+    zeros = _zeros_like_result(lambda b: grad_fn(params, b, b.loss_mask), first)
+
+    def micro_step(acc, xs):
+        batch, rows = xs
+        active = rows[0] < kept_rows
+        run = lambda _: grad_fn(params, batch, batch.loss_mask * (rows < kept_rows)[:, None])
+        result = jax.lax.cond(active, run, lambda _: zeros, None)
+        grads_sum, metrics_sum, count = acc
+        grads_sum, metrics_sum = jax.tree.map(jnp.add, (grads_sum, metrics_sum), result)
+        return (grads_sum, metrics_sum, count + active), None
+
+    (grads, metrics, count), _ = jax.lax.scan(micro_step, (*zeros, jnp.int32(0)), micro_batches)
+    denominator = jnp.maximum(count, 1).astype(jnp.float32)
+    return jax.tree.map(lambda x: x / denominator, (grads, metrics))
+
+
+def run_minibatches(loss_fn, params, opt_state, batch: UpdateBatch, kept_rows, lr, config: UpdateConfig,
+                    prefix: str):
+    """Epochs x minibatches of `loss_fn(params, batch, mask) -> (loss, metrics)` with AdamW; see module doc.
+
+    Returns (params, opt_state, metrics): metrics averaged over the optimizer steps that ran, plus
+    `{prefix}/grad_norm`, `{prefix}/lr`, `{prefix}/num_updates` (minibatch steps run, incl. skipped
+    non-finite ones) and `{prefix}/nonfinite_skips`.
+    """
+    num_rows = batch.tokens.shape[0]
+    if num_rows % config.minibatch_size:
+        raise ValueError(f"batch of {num_rows} rows is not a multiple of minibatch_size={config.minibatch_size}")
+    row_ids = jnp.arange(num_rows, dtype=jnp.int32)
+    minibatches = (_split(batch, config.minibatch_size), row_ids.reshape(-1, config.minibatch_size))
+    kept_rows = jnp.asarray(kept_rows, jnp.int32)
+
+    def minibatch_step(carry, xs):
+        params, opt_state = carry
+        minibatch, rows = xs
+
+        def run(carry):
+            params, opt_state = carry
+            grads, metrics = _minibatch_gradient(loss_fn, params, minibatch, rows, kept_rows, config.micro)
+            params, opt_state, grad_norm, applied = optimizer_step(params, opt_state, grads, lr, config)
+            stats = {**metrics, f"{prefix}/grad_norm": grad_norm, f"{prefix}/num_updates": jnp.float32(1),
+                     f"{prefix}/nonfinite_skips": 1.0 - applied.astype(jnp.float32)}
+            return (params, opt_state), stats
+
+        skip = lambda carry: (carry, _zeros_like_result(run, carry)[1])
+        return jax.lax.cond(rows[0] < kept_rows, run, skip, (params, opt_state))
+
+    def epoch(carry, _):
+        carry, stats = jax.lax.scan(minibatch_step, carry, minibatches)
+        return carry, jax.tree.map(jnp.sum, stats)
+
+    (params, opt_state), stats = jax.lax.scan(epoch, (params, opt_state), None, length=config.epochs)
+    stats = jax.tree.map(jnp.sum, stats)
+    count_key = f"{prefix}/num_updates"
+    steps = jnp.maximum(stats[count_key], 1.0)
+    metrics = {k: (v if k in (count_key, f"{prefix}/nonfinite_skips") else v / steps) for k, v in stats.items()}
+    metrics[f"{prefix}/lr"] = jnp.asarray(lr, jnp.float32)
+    return params, opt_state, metrics
+
+
+def actor_update(logits_fn: LogitsFn, params, opt_state, batch: UpdateBatch, kept_rows, hyper: ActorHyper,
+                 config: UpdateConfig):
+    """Actor phase: loss = pg_loss - entropy_coeff * entropy [+ kl_loss_coef * kl] (spec B.6).
+
+    Args:
+      logits_fn: causal `(params, tokens, positions, attention_mask) -> f32[B, T, V]`.
+      params, opt_state: actor parameters and `optimizer_init` state.
+      batch: compacted `UpdateBatch` (B a multiple of `config.minibatch_size`).
+      kept_rows: int32 scalar (traced): rows [0, kept_rows) are trained, the rest skipped or masked.
+      hyper: traced `ActorHyper`; config: static `UpdateConfig`.
+    Returns:
+      (params, opt_state, metrics) with verl's names: actor/pg_loss, actor/pg_clipfrac,
+      actor/pg_clipfrac_lower, actor/ppo_kl, actor/entropy_loss, [actor/kl_loss], actor/grad_norm, actor/lr,
+      actor/num_updates, actor/nonfinite_skips.
+    """
+    loss_fn = lambda p, b, m: _actor_loss(logits_fn, config, hyper, p, b, m)
+    return run_minibatches(loss_fn, params, opt_state, batch, kept_rows, hyper.lr, config, "actor")
+
+
+def critic_update(values_fn: ValuesFn, params, opt_state, batch: UpdateBatch, kept_rows, hyper: CriticHyper,
+                  config: UpdateConfig):
+    """Critic phase: clipped value loss (spec B.4); same minibatch loop and skipping as `actor_update`.
+
+    Returns (params, opt_state, metrics): critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean,
+    critic/grad_norm, critic/lr, critic/num_updates, critic/nonfinite_skips.
+    """
+    loss_fn = lambda p, b, m: _critic_loss(values_fn, config, hyper, p, b, m)
+    return run_minibatches(loss_fn, params, opt_state, batch, kept_rows, hyper.lr, config, "critic")
