@@ -154,8 +154,8 @@ def token_logprobs(logits_fn: LogitsFn, params, tokens, positions, attention_mas
                    vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> tuple[jax.Array, jax.Array]:
     """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
 
-    The same code scores old log-probs before the update and new ones inside it, so the ratio is exactly
-    1 on the first minibatch (spec design rule 6).
+    The same code scores old log-probs before the update and new ones inside it, so the ratio is 1 on the
+    first minibatch up to float32 rounding (design rule 6).
     """
     logits = logits_fn(params, *_inputs(tokens, positions, attention_mask))
     return logprobs_and_entropy(logits, tokens[:, 1:], temperature, vocab_chunk)
