@@ -13,8 +13,10 @@ buffer, with fixed shapes only, we reproduce RAGEN's `_parse_response`:
 * at most `max_actions` parts are kept; each is compared case-insensitively with the action words
   (ASCII case folding and ASCII whitespace; RAGEN uses Python's Unicode `lower`/`strip`).
 
-Bytes past `max_bytes` of a response are cut off (a match must lie inside the buffer); nothing here
-can fail on any input.
+Fixed capacities: a response keeps its first `R * bytes_per_token` bytes and an answer its first
+`max_answer_bytes` bytes (the `</answer>` tag must still lie inside the response buffer). Nothing here
+can fail on any input. Substrings are found by comparing packed 4-byte little-endian words, which is
+much cheaper on CPU than comparing byte windows.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from flax import struct
 from environments.pieces import FlatRows, Tokenizer, concat_rows
 
 SPECIAL_STRINGS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
-_WHITESPACE = np.array([ord(c) for c in " \t\n\r\x0b\x0c"], np.uint8)
+_WHITESPACE = tuple(ord(c) for c in " \t\n\r\x0b\x0c")
+_MAX_PATTERN = 12  # longest special string; bounds the word look-ahead
 
 
 @struct.dataclass
@@ -36,14 +39,14 @@ class ParsedResponse:
     """What the parser found in one response.
 
     found: bool[] a think/answer match exists.
-    answer_bytes: u8[N] the answer with special strings removed (not yet split), `answer_len` i32[] long.
+    answer_bytes: u8[A] the answer with special strings removed (not yet split), `answer_len` i32[] long.
     part_start, part_end: i32[M] byte span [start, end) in `answer_bytes` of the first M non-empty
       stripped `||`-parts; `num_parts` i32[] = how many there are (<= M, the truncated count).
     action_ids: i32[M] index of the matching action word per part, -1 unknown or past `num_parts`
       (all -1 when the env has no action words).
     think_tokens, answer_tokens: i32[2] token span [start, end) of the reasoning and answer contents
       within the response tokens (token containing the first byte .. token after the one containing the
-      last byte; [0, 0) when not found). Used for per-turn reasoning/answer spans.
+      last byte; [0, 0) when not found or empty). Used for per-turn reasoning/answer spans.
     """
 
     found: jnp.ndarray
@@ -57,27 +60,25 @@ class ParsedResponse:
     answer_tokens: jnp.ndarray
 
 
-def _pattern_table(patterns: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(u8[K, L] zero-padded pattern bytes, i32[K] lengths)."""
-    encoded = [p.encode("utf-8") for p in patterns]
-    table = np.zeros((len(encoded), max(1, *(len(p) for p in encoded))), np.uint8)
-    for i, p in enumerate(encoded):
-        table[i, : len(p)] = np.frombuffer(p, np.uint8)
-    return table, np.array([len(p) for p in encoded], np.int32)
+def _words(buf: jnp.ndarray) -> jnp.ndarray:
+    """u32[N + 12]: word p packs bytes p..p+3 little-endian (zero past the end)."""
+    n = buf.shape[0]
+    b = jnp.concatenate([buf.astype(jnp.uint32), jnp.zeros((_MAX_PATTERN + 4,), jnp.uint32)])
+    m = n + _MAX_PATTERN
+    return b[:m] | (b[1 : m + 1] << 8) | (b[2 : m + 2] << 16) | (b[3 : m + 3] << 24)
 
 
-_SPECIAL_TABLE, _SPECIAL_LENS = _pattern_table(SPECIAL_STRINGS)
-_THINK, _THINK_END, _ANSWER, _ANSWER_END = range(4)  # columns of SPECIAL_STRINGS
-
-
-def _find_all(buf: jnp.ndarray, length: jnp.ndarray) -> jnp.ndarray:
-    """bool[N, K]: special string k starts at position p and lies inside buf[:length]."""
-    n, width = buf.shape[0], _SPECIAL_TABLE.shape[1]
-    padded = jnp.concatenate([buf, jnp.zeros((width,), buf.dtype)])
-    windows = jnp.stack([padded[o : o + n] for o in range(width)], axis=1)  # [N, L]
-    beyond = np.arange(width)[None, :] >= _SPECIAL_LENS[:, None]  # [K, L] padding of short patterns
-    equal = (windows[:, None, :] == _SPECIAL_TABLE[None]) | beyond[None]
-    return equal.all(-1) & (jnp.arange(n)[:, None] + _SPECIAL_LENS[None, :] <= length)
+def _find(words: jnp.ndarray, length: jnp.ndarray, pattern: str) -> jnp.ndarray:
+    """bool[N]: `pattern` starts at p and ends inside the first `length` bytes."""
+    data = pattern.encode("utf-8")
+    n = words.shape[0] - _MAX_PATTERN
+    hit = jnp.arange(n) + len(data) <= length
+    for j in range(0, len(data), 4):
+        chunk = data[j : j + 4]
+        mask = (1 << (8 * len(chunk))) - 1
+        value = int.from_bytes(chunk, "little")
+        hit &= (words[j : j + n] & jnp.uint32(mask)) == jnp.uint32(value)
+    return hit
 
 
 def _first(mask: jnp.ndarray) -> jnp.ndarray:
@@ -86,12 +87,16 @@ def _first(mask: jnp.ndarray) -> jnp.ndarray:
 
 
 def _is_ws(buf: jnp.ndarray) -> jnp.ndarray:
-    return (buf[:, None] == jnp.asarray(_WHITESPACE)[None, :]).any(-1)
+    out = buf == _WHITESPACE[0]
+    for c in _WHITESPACE[1:]:
+        out |= buf == c
+    return out
 
 
-def _lower(buf: jnp.ndarray) -> jnp.ndarray:
-    upper = (buf >= ord("A")) & (buf <= ord("Z"))
-    return jnp.where(upper, buf + 32, buf)
+def _shift(x: jnp.ndarray, k: int, fill) -> jnp.ndarray:
+    """x moved k places towards the end (k > 0) or the front (k < 0), `fill` entering."""
+    pad = jnp.full((abs(k),), fill, x.dtype)
+    return jnp.concatenate([pad, x[:-k]]) if k > 0 else jnp.concatenate([x[-k:], pad])
 
 
 class ResponseParser:
@@ -102,7 +107,8 @@ class ResponseParser:
       action_words: the env's action names (matched case-insensitively), or () for free-text answers.
       max_actions: M, the number of `||`-parts kept (max_actions_per_turn).
       enable_think: parse `<think>..</think><answer>..</answer>` (True) or `<answer>..</answer>` alone.
-      max_bytes_per_token: the byte buffer holds `R * min(this, longest token)` bytes for R tokens.
+      bytes_per_token: the byte buffer holds `R * min(this, longest token)` bytes for R tokens.
+      max_answer_bytes: A, the answer buffer size.
     """
 
     def __init__(
@@ -111,18 +117,25 @@ class ResponseParser:
         action_words: Sequence[str],
         max_actions: int,
         enable_think: bool = True,
-        max_bytes_per_token: int = 8,
+        bytes_per_token: int = 8,
+        max_answer_bytes: int = 256,
     ):
-        if max_actions < 1:
-            raise ValueError(f"max_actions must be >= 1, got {max_actions}")
+        if max_actions < 1 or max_answer_bytes < 1:
+            raise ValueError(f"max_actions and max_answer_bytes must be >= 1, got {max_actions}, {max_answer_bytes}")
         byte_rows = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
         self.bytes = FlatRows.from_lists(byte_rows, np.uint8)
-        self.bytes_per_token = max(1, min(max_bytes_per_token, max(len(b) for b in byte_rows)))
+        self.bytes_per_token = max(1, min(bytes_per_token, max(len(b) for b in byte_rows)))
+        self.max_answer_bytes = max_answer_bytes
         self.max_actions = max_actions
         self.enable_think = enable_think
         self.action_words = tuple(action_words)
-        table, lens = _pattern_table(tuple(w.lower() for w in self.action_words) or ("",))
-        self._word_bytes, self._word_lens = jnp.asarray(table), jnp.asarray(lens if self.action_words else [-1])
+        encoded = [w.lower().encode("utf-8") for w in self.action_words]
+        width = max([1, *map(len, encoded)])
+        table = np.zeros((max(1, len(encoded)), width), np.uint8)
+        for i, w in enumerate(encoded):
+            table[i, : len(w)] = np.frombuffer(w, np.uint8)
+        self._word_bytes = jnp.asarray(table)
+        self._word_lens = jnp.asarray([len(w) for w in encoded] or [-1], jnp.int32)
 
     def __call__(self, tokens: jnp.ndarray, length: jnp.ndarray) -> ParsedResponse:
         """tokens: i32[R] response token ids (only the first `length` i32[] count)."""
@@ -136,9 +149,8 @@ class ResponseParser:
             lengths=jnp.where(counted, self.bytes.lengths[ids], 0),
         )
         buf, n_bytes, source = concat_rows(per_token, jnp.arange(r, dtype=jnp.int32), r * self.bytes_per_token, 0)
-        hits = _find_all(buf, n_bytes)
-        found, (t0, t1), (a0, a1) = self._spans(hits, buf, n_bytes)
-        answer, answer_len = self._clean_answer(hits, buf, a0, a1, found)
+        found, (t0, t1), (a0, a1) = self._spans(buf, n_bytes)
+        answer, answer_len = self._clean_answer(buf, a0, a1, found)
         part_start, part_end, num_parts = self._parts(answer, answer_len)
         action_ids = self._match_words(answer, part_start, part_end, num_parts)
 
@@ -161,44 +173,48 @@ class ResponseParser:
             answer_tokens=token_span(a0, a1),
         )
 
-    def _spans(self, hits, buf, n):
+    def _spans(self, buf, n):
         """(found, think content [t0, t1), answer content [a0, a1)) as byte positions."""
         size = buf.shape[0]
         pos = jnp.arange(size)
-        open_answer, close_answer = hits[:, _ANSWER], hits[:, _ANSWER_END]
+        words = _words(buf)
+        open_answer = _find(words, n, "<answer>")
         if self.enable_think:
-            t0 = _first(hits[:, _THINK]) + len("<think>")
-            # first non-whitespace position at or after each index (size when none)
-            nonws = ~_is_ws(buf) | (pos >= n)
-            next_nonws = jax.lax.cummin(jnp.where(nonws, pos, size), axis=0, reverse=True)
-            answer_at = next_nonws[jnp.clip(pos + len("</think>"), 0, size - 1)]
-            link = hits[:, _THINK_END] & (pos >= t0) & open_answer[jnp.clip(answer_at, 0, size - 1)]
-            link &= (pos + len("</think>") < size) & (answer_at < size)
-            t1 = _first(link)
-            a0 = answer_at[jnp.clip(t1, 0, size - 1)] + len("<answer>")
-            found = t1 < size
+            t0 = _first(_find(words, n, "<think>")) + len("<think>")
+            # `</think>\s*<answer>`: the last non-whitespace byte before each <answer> ends a </think>
+            nonws = ~_is_ws(buf)
+            last_nonws = jax.lax.cummax(jnp.where(nonws, pos, -1))
+            before = _shift(last_nonws, 1, -1)  # last non-whitespace strictly before p
+            close_think = _find(words, n, "</think>")
+            ends_close = _shift(close_think, len("</think>") - 1, False)  # True at the last byte of a </think>
+            close_at = before - (len("</think>") - 1)
+            linked = open_answer & (before >= 0) & ends_close[jnp.clip(before, 0, size - 1)] & (close_at >= t0)
+            answer_open = _first(linked)
+            t1 = before[jnp.clip(answer_open, 0, size - 1)] - (len("</think>") - 1)
+            found = answer_open < size
         else:
             t0 = t1 = jnp.int32(0)
-            a0 = _first(open_answer) + len("<answer>")
-            found = a0 < size
-        a1 = _first(close_answer & (pos >= a0))
+            answer_open = _first(open_answer)
+            found = answer_open < size
+        a0 = answer_open + len("<answer>")
+        a1 = _first(_find(words, n, "</answer>") & (pos >= a0))
         found &= a1 < size
         return found, (t0, t1), (a0, a1)
 
-    def _clean_answer(self, hits, buf, a0, a1, found):
-        """Compact buf[a0:a1] without the special strings to the front: (u8[N], length i32[])."""
-        size = buf.shape[0]
-        pos = jnp.arange(size)
-        inside = hits & (pos[:, None] >= a0) & (pos[:, None] + _SPECIAL_LENS[None, :] <= a1)
-        # byte j is covered by string k iff a hit starts in (j - len_k, j]: a difference of prefix counts
-        counts = jnp.cumsum(inside, axis=0, dtype=jnp.int32)
-        lag = _SPECIAL_TABLE.shape[1]
-        padded = jnp.concatenate([jnp.zeros((lag, counts.shape[1]), counts.dtype), counts])
-        before = jnp.take_along_axis(padded, pos[:, None] + lag - _SPECIAL_LENS[None, :], axis=0)
-        drop = (counts - before > 0).any(-1)
-        keep = found & (pos >= a0) & (pos < a1) & ~drop
+    def _clean_answer(self, buf, a0, a1, found):
+        """The first A bytes of buf[a0:a1] without the special strings, at the front: (u8[A], length)."""
+        size = self.max_answer_bytes
+        window = jax.lax.dynamic_slice(jnp.concatenate([buf, jnp.zeros((size,), buf.dtype)]), (a0,), (size,))
+        length = jnp.where(found, jnp.clip(a1 - a0, 0, size), 0)
+        words = _words(window)
+        # +1 where a special string starts, -1 right after it ends; covered bytes have a positive prefix sum
+        marks = jnp.zeros((size,), jnp.int32)
+        for s in SPECIAL_STRINGS:
+            hit = _find(words, length, s).astype(jnp.int32)
+            marks += hit - _shift(hit, len(s), 0)
+        keep = (jnp.arange(size) < length) & (jnp.cumsum(marks) == 0)
         target = jnp.where(keep, jnp.cumsum(keep) - 1, size)
-        out = jnp.zeros((size,), jnp.uint8).at[target].set(buf, mode="drop")
+        out = jnp.zeros((size,), jnp.uint8).at[target].set(window, mode="drop")
         return out, keep.sum().astype(jnp.int32)
 
     def _parts(self, ans, k):
@@ -207,27 +223,19 @@ class ResponseParser:
         pos = jnp.arange(size)
         inside = pos < k
         bar = (ans == ord("|")) & inside
-        run_start = jax.lax.cummax(jnp.where(bar, 0, pos + 1), axis=0)
-        bar_next = jnp.concatenate([bar[1:], jnp.zeros((1,), bool)])
-        sep = bar & bar_next & ((pos - run_start) % 2 == 0)
-        in_sep = sep | jnp.concatenate([jnp.zeros((1,), bool), sep[:-1]])
+        run_start = jax.lax.cummax(jnp.where(bar, 0, pos + 1))
+        sep = bar & _shift(bar, -1, False) & ((pos - run_start) % 2 == 0)
+        in_sep = sep | _shift(sep, 1, False)
         part = jnp.cumsum(sep) - sep
         content = inside & ~in_sep & ~_is_ws(ans)
-        prev_part = jax.lax.cummax(jnp.where(content, part, -1), axis=0)
-        prev_part = jnp.concatenate([jnp.full((1,), -1, prev_part.dtype), prev_part[:-1]])
-        next_part = jax.lax.cummin(jnp.where(content, part, size + 1), axis=0, reverse=True)
-        next_part = jnp.concatenate([next_part[1:], jnp.full((1,), size + 1, next_part.dtype)])
+        prev_part = _shift(jax.lax.cummax(jnp.where(content, part, -1)), 1, -1)
+        next_part = _shift(jax.lax.cummin(jnp.where(content, part, size + 1), reverse=True), -1, size + 1)
         first = content & (part > prev_part)
         last = content & (part < next_part)
-        first_rank = jnp.cumsum(first) - 1
-        last_rank = jnp.cumsum(last) - 1
         m = self.max_actions
-        ranks = jnp.arange(m)
-        starts = jnp.zeros((m,), jnp.int32).at[jnp.where(first, first_rank, m)].set(pos, mode="drop")
-        ends = jnp.zeros((m,), jnp.int32).at[jnp.where(last, last_rank, m)].set(pos + 1, mode="drop")
-        num = jnp.minimum(first.sum(), m).astype(jnp.int32)
-        present = ranks < num
-        return jnp.where(present, starts, 0), jnp.where(present, ends, 0), num
+        starts = jnp.zeros((m,), jnp.int32).at[jnp.where(first, jnp.cumsum(first) - 1, m)].set(pos, mode="drop")
+        ends = jnp.zeros((m,), jnp.int32).at[jnp.where(last, jnp.cumsum(last) - 1, m)].set(pos + 1, mode="drop")
+        return starts, ends, jnp.minimum(first.sum(), m).astype(jnp.int32)
 
     def _match_words(self, ans, starts, ends, num):
         """i32[M] action word index per part (-1 when unknown or absent)."""
@@ -238,7 +246,8 @@ class ResponseParser:
         offs = jnp.arange(width)
 
         def match(start, end):
-            seg = _lower(jax.lax.dynamic_slice(padded, (start,), (width,)))
+            seg = jax.lax.dynamic_slice(padded, (start,), (width,))
+            seg = jnp.where((seg >= ord("A")) & (seg <= ord("Z")), seg + 32, seg)
             same = (seg[None, :] == self._word_bytes) | (offs[None, :] >= self._word_lens[:, None])
             hit = same.all(-1) & (self._word_lens == end - start)
             return jnp.where(hit.any(), jnp.argmax(hit), -1).astype(jnp.int32)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
@@ -80,14 +81,23 @@ def concat_rows(rows: FlatRows, row_ids: jnp.ndarray, capacity: int, fill) -> tu
     ends = jnp.cumsum(lengths)
     starts = ends - lengths
     total = ends[-1]
+    # slot of each output position: at the start of every non-empty row add the slot-index step from the
+    # previous non-empty row, then a prefix sum (cheaper than a binary search per position)
+    num_slots = row_ids.shape[0]
+    slots = jnp.arange(num_slots, dtype=jnp.int32)
+    nonempty = lengths > 0
+    previous = jax.lax.cummax(jnp.where(nonempty, slots, -1))
+    previous = jnp.concatenate([jnp.full((1,), -1, jnp.int32), previous[:-1]])
+    marks = jnp.zeros((capacity + 1,), jnp.int32).at[jnp.where(nonempty, starts, capacity)].add(
+        jnp.where(nonempty, slots - previous, 0), mode="drop"
+    )
+    slot = jnp.clip(jnp.cumsum(marks[:capacity]) - 1, 0, num_slots - 1)
     pos = jnp.arange(capacity, dtype=jnp.int32)
-    slot = jnp.searchsorted(ends, pos, side="right").astype(jnp.int32)
     inside = pos < total
-    safe_slot = jnp.minimum(slot, row_ids.shape[0] - 1)
-    flat_index = rows.offsets[row_ids[safe_slot]] + pos - starts[safe_slot]
+    flat_index = rows.offsets[row_ids[slot]] + pos - starts[slot]
     values = rows.values[jnp.clip(flat_index, 0, rows.values.shape[0] - 1)]
     out = jnp.where(inside, values, jnp.asarray(fill, rows.values.dtype))
-    return out, jnp.minimum(total, capacity).astype(jnp.int32), jnp.where(inside, slot, row_ids.shape[0])
+    return out, jnp.minimum(total, capacity).astype(jnp.int32), jnp.where(inside, slot, num_slots)
 
 
 class PieceTable:

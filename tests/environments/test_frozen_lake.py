@@ -1,0 +1,247 @@
+"""FrozenLake (spec F.2) against a numpy BFS, a Python render of RAGEN's text, gymnax and gymnasium."""
+from collections import deque
+
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnax.environments.misc.frozen_lake import FrozenLake as GymnaxFrozenLake
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from environments.frozen_lake import FrozenLake, FrozenLakeState
+
+B, R, SIZE = 256, 64, 4
+GYM_MAP = ("SFFF", "FHFH", "FFFH", "HFFG")
+ACTIONS = ("Left", "Down", "Right", "Up")
+
+
+def bfs_path_exists(holes, start, goal, size=SIZE):
+    seen, queue = {start}, deque([start])
+    while queue:
+        r, c = divmod(queue.popleft(), size)
+        for nr, nc in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
+            i = nr * size + nc
+            if 0 <= nr < size and 0 <= nc < size and i not in seen and not holes[i]:
+                seen.add(i)
+                queue.append(i)
+    return goal in seen
+
+
+def reference_text(holes, start, goal, pos, size=SIZE):
+    """RAGEN's grid_coord render, written out independently."""
+    xy = lambda i: f"({i // size}, {i % size})"
+    lines = [f"Board size: {size} rows x {size} cols (zero-indexed).", f"Start: {xy(start)}", f"Goal: {xy(goal)}"]
+    label = "Player on goal" if pos == goal else "Player in hole" if holes[pos] else "Player"
+    lines.append(f"{label}: {xy(pos)}")
+    if holes.any():
+        lines.append("Holes: " + ", ".join(xy(i) for i in np.flatnonzero(holes)))
+    rows = []
+    for r in range(size):
+        row = ""
+        for c in range(size):
+            i = r * size + c
+            if i == pos:
+                row += "√" if i == goal else "X" if holes[i] else "P"
+            else:
+                row += "O" if holes[i] else "G" if i == goal else "_"
+        rows.append(row)
+    return "Coordinates: \n" + "\n".join(lines) + "\nGrid Map: \n" + "\n".join(rows)
+
+
+@pytest.fixture(scope="module")
+def fl(builtin_tokenizer):
+    env = FrozenLake(builtin_tokenizer)
+    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, 0, None)))
+    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+    return env, step, reset
+
+
+def responses(tokenizer, answers):
+    tokens = np.zeros((len(answers), R), np.int32)
+    lengths = np.zeros(len(answers), np.int32)
+    for i, a in enumerate(answers):
+        ids = tokenizer.encode(f"<think>go</think><answer>{a}</answer>")
+        tokens[i, : len(ids)], lengths[i] = ids, len(ids)
+    return jnp.asarray(tokens), jnp.asarray(lengths)
+
+
+def batch_state(env, holes, start, goal, pos):
+    """TurnState batch of B envs from numpy arrays (broadcast)."""
+    _, state = env.reset(jax.random.key(0), env.default_params)
+    b = lambda x, dt: jnp.broadcast_to(jnp.asarray(x, dt), (B, *np.shape(x)[np.ndim(x) - (1 if dt == bool else 0):]))
+    inner = FrozenLakeState(holes=jnp.broadcast_to(jnp.asarray(holes, bool), (B, SIZE * SIZE)),
+                            start=b(start, jnp.int32), goal=b(goal, jnp.int32), pos=b(pos, jnp.int32))
+    return state.replace(env=inner, actions_left=jnp.full((B,), 1000, jnp.int32), done=jnp.zeros((B,), bool))
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), p_frozen=st.floats(0.3, 1.0))
+def test_maps_always_have_a_path(fl, seed, p_frozen):
+    env, _, reset = fl
+    params = env.default_params.replace(p_frozen=jnp.float32(p_frozen))
+    _, state = reset(jax.random.split(jax.random.key(seed), B), params)
+    s = jax.tree.map(np.asarray, state.env)
+    assert (s.start != s.goal).all() and (s.pos == s.start).all()
+    assert not s.holes[np.arange(B), s.start].any() and not s.holes[np.arange(B), s.goal].any()
+    for i in range(B):
+        assert bfs_path_exists(s.holes[i], int(s.start[i]), int(s.goal[i])), (seed, p_frozen, i)
+
+
+def test_map_statistics(fl):
+    env, _, reset = fl
+    _, state = reset(jax.random.split(jax.random.key(7), B), env.default_params)
+    s = jax.tree.map(np.asarray, state.env)
+    free = np.ones_like(s.holes)
+    free[np.arange(B), s.start] = free[np.arange(B), s.goal] = False
+    rate = s.holes[free].mean()  # 0.1 before rejecting disconnected maps, a little less after
+    assert 0.07 < rate < 0.11
+    counts = np.bincount(s.start, minlength=SIZE * SIZE)
+    assert counts.min() > 0.4 * B / SIZE**2 and counts.max() < 1.8 * B / SIZE**2
+
+
+def test_render_matches_ragen_text(tokenizer):
+    env = FrozenLake(tokenizer)
+    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+    render = jax.jit(jax.vmap(env.render))
+    obs, state = reset(jax.random.split(jax.random.key(3), 32), env.default_params)
+    s = jax.tree.map(np.asarray, state.env)
+    # half the players moved somewhere (a hole, the goal or ice) to cover every label and symbol
+    moved = np.where(np.arange(32) % 2, np.random.default_rng(0).integers(0, SIZE * SIZE, 32), s.pos)
+    state = state.replace(env=state.env.replace(pos=jnp.asarray(moved, jnp.int32)))
+    obs = render(state.env)
+    for i in range(32):
+        text = env.render_text(jax.tree.map(lambda x: x[i], state))
+        assert text == reference_text(s.holes[i], int(s.start[i]), int(s.goal[i]), int(moved[i]))
+        assert tokenizer.decode(np.asarray(obs.tokens[i, : obs.length[i]])) == text
+        assert (np.asarray(obs.tokens[i, obs.length[i]:]) == tokenizer.pad_id).all()
+
+
+def test_slip_frequencies_match_the_stated_probabilities(fl, builtin_tokenizer):
+    env, step, _ = fl
+    holes = np.zeros(SIZE * SIZE, bool)
+    state = batch_state(env, holes, 5, 15, 5)  # player on (1, 1), interior: every move changes the tile
+    tokens, lengths = responses(builtin_tokenizer, ["Down"] * B)
+    moved = {-SIZE: "Up", SIZE: "Down", -1: "Left", 1: "Right"}
+    for success_rate in (0.7, 1.0 / 3.0, 1.0):
+        params = env.default_params.replace(success_rate=jnp.float32(success_rate))
+        counts = {a: 0 for a in ACTIONS}
+        for rep in range(8):
+            out = step(jax.random.split(jax.random.key(rep), B), state, tokens, lengths, params)
+            for d in np.asarray(out[1].env.pos) - 5:
+                counts[moved[int(d)]] += 1
+        n = 8 * B
+        want = {"Down": success_rate, "Left": (1 - success_rate) / 2, "Right": (1 - success_rate) / 2, "Up": 0.0}
+        for a, p in want.items():
+            sd = np.sqrt(n * p * (1 - p))
+            assert abs(counts[a] - n * p) <= 4.5 * sd + 1e-9, (success_rate, a, counts)
+
+
+def test_slip_distribution_matches_gymnax():
+    """gymnax FrozenLake-misc with the same success_rate draws the same three outcomes (two-sample test)."""
+    env = GymnaxFrozenLake(desc=("FFFF", "FSFF", "FFFF", "FFFG"), success_rate=0.6)
+    state = env.reset(jax.random.key(0), env.default_params)[1]
+    step = jax.jit(jax.vmap(lambda k: env.step(k, state, 1, env.default_params)[1].position))
+    pos = np.asarray(step(jax.random.split(jax.random.key(1), 8 * B)))
+    n = 8 * B
+    freq = {d: np.mean(pos == 5 + d) for d in (SIZE, -1, 1, -SIZE)}
+    for d, p in ((SIZE, 0.6), (-1, 0.2), (1, 0.2), (-SIZE, 0.0)):
+        assert abs(freq[d] - p) <= 4.5 * np.sqrt(p * (1 - p) / n) + 1e-9, freq
+
+
+def run_ours(fl, tokenizer, holes, start, goal, actions):
+    """Step B envs through action sequences actions[B, T] (success_rate 1): positions, rewards, dones."""
+    env, step, _ = fl
+    state = batch_state(env, holes, start, goal, start)
+    trace = []
+    for t in range(actions.shape[1]):
+        tokens, lengths = responses(tokenizer, [ACTIONS[a] for a in actions[:, t]])
+        _, state, reward, done, _ = step(jax.random.split(jax.random.key(t), B), state, tokens, lengths,
+                                         env.default_params)
+        trace.append((np.asarray(state.env.pos), np.asarray(reward), np.asarray(done)))
+    return trace
+
+
+def test_deterministic_moves_match_gymnax_on_its_map(fl, builtin_tokenizer):
+    holes = np.array([ch == "H" for row in GYM_MAP for ch in row])
+    actions = np.random.default_rng(0).integers(0, 4, (B, 8))
+    ours = run_ours(fl, builtin_tokenizer, holes, 0, 15, actions)
+    gx = GymnaxFrozenLake(desc=GYM_MAP, is_slippery=False)
+    gx_step = jax.jit(jax.vmap(gx.step_env, in_axes=(None, 0, 0, None)))
+    state = jax.vmap(lambda k: gx.reset(k, gx.default_params)[1])(jax.random.split(jax.random.key(0), B))
+    done = np.zeros(B, bool)
+    for t, (pos, reward, our_done) in enumerate(ours):
+        _, new, r, term, _ = gx_step(jax.random.key(t), state, jnp.asarray(actions[:, t]), gx.default_params)
+        live = ~done  # once terminated, ours stays put (no auto-reset)
+        np.testing.assert_array_equal(pos[live], np.asarray(new.position)[live])
+        np.testing.assert_array_equal(reward[live], np.asarray(r)[live])
+        np.testing.assert_array_equal(our_done[live], np.asarray(term)[live])
+        done |= np.asarray(term)
+        state = new
+
+
+def test_deterministic_moves_match_gymnasium_on_our_maps(fl, builtin_tokenizer):
+    env, _, reset = fl
+    _, state = reset(jax.random.split(jax.random.key(11), B), env.default_params)
+    s = jax.tree.map(np.asarray, state.env)
+    actions = np.random.default_rng(1).integers(0, 4, (B, 6))
+    for i in range(0, B, 64):  # a handful of maps, each through gymnasium
+        ours = run_ours(fl, builtin_tokenizer, s.holes[i], s.start[i], s.goal[i], actions[:1].repeat(B, 0))
+        desc = np.where(s.holes[i], "H", "F").astype("<U1")
+        desc[s.start[i]], desc[s.goal[i]] = "S", "G"
+        gym = gymnasium.make("FrozenLake-v1", desc=["".join(r) for r in desc.reshape(SIZE, SIZE)], is_slippery=False)
+        gym.reset(seed=0)
+        for t, (pos, reward, done) in enumerate(ours):
+            g_pos, g_reward, g_term, _, _ = gym.step(int(actions[0, t]))
+            assert (pos[0], reward[0], done[0]) == (g_pos, g_reward, g_term), (i, t)
+            if g_term:
+                break
+
+
+def test_oracle_solves_deterministic_maps(fl, builtin_tokenizer):
+    env, step, reset = fl
+    _, state = reset(jax.random.split(jax.random.key(5), B), env.default_params)
+    state = state.replace(actions_left=jnp.full((B,), 1000, jnp.int32))
+    rng = np.random.default_rng(0)
+    lengths = [len(env.shortest_path(jax.tree.map(lambda x: np.asarray(x[i]), state.env))) for i in range(B)]
+    for turn in range(max(lengths) // 2 + 1):
+        answers, reasons = [], []
+        for i in range(B):
+            one = jax.tree.map(lambda x: x[i], state)
+            if bool(one.done):
+                answers.append("Left")
+                continue
+            reasoning, answer = env.oracle(one, rng)
+            assert f"{_c(int(one.env.goal))}" in reasoning
+            answers.append(answer)
+        tokens, lens = responses(builtin_tokenizer, answers)
+        state = step(jax.random.split(jax.random.key(turn), B), state, tokens, lens, env.default_params)[1]
+        finished = np.asarray(state.done)
+        assert finished[np.array(lengths) <= 2 * (turn + 1)].all()
+    assert np.asarray(state.env.pos == state.env.goal).all()
+
+
+def _c(i):
+    return f"({i // SIZE}, {i % SIZE})"
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_random_tokens_never_crash_or_corrupt(fl, builtin_tokenizer, data):
+    env, step, reset = fl
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    _, state = reset(jax.random.split(jax.random.key(seed), B), env.default_params)
+    tokens = rng.integers(-3, builtin_tokenizer.vocab_size + 3, (B, R)).astype(np.int32)
+    tokens[: B // 2, :4] = builtin_tokenizer.encode("<think>")[0]  # some start like a real response
+    lengths = rng.integers(-2, R + 3, B).astype(np.int32)
+    _, new, reward, done, info = step(jax.random.split(jax.random.key(1), B), state, jnp.asarray(tokens),
+                                      jnp.asarray(lengths), env.default_params)
+    unchanged = np.asarray(info["num_actions"]) == 0
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(new)):
+        np.testing.assert_array_equal(np.asarray(a)[unchanged], np.asarray(b)[unchanged])
+    assert not np.asarray(info["format_ok"])[unchanged].any()
+    np.testing.assert_array_equal(np.asarray(reward)[unchanged], 0.0)
+    pos = np.asarray(new.env.pos)
+    assert ((pos >= 0) & (pos < SIZE * SIZE)).all()
