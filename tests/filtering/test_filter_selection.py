@@ -10,8 +10,6 @@ import pytest
 from ragen_jax.config import FILTER_METRICS
 from ragen_jax.filtering import group_scores, select_groups
 
-STATIC = ("strategy", "filter_type", "include_zero", "top_p_mode")
-
 
 @functools.cache
 def batched_select(strategy, filter_type, include_zero, top_p_mode):
