@@ -13,10 +13,11 @@ each question is one piece of the table (tokenized once, as the tokenizer would)
 
 Scoring follows RAGEN's MetamathQA env: the answer (first `||`-part of `<answer>`) is correct when,
 with whitespace removed and lower-cased, it equals the gold answer string; additionally, when the gold
-answer is an integer, any answer that parses as that integer once whitespace is removed (`[+|-]digits`,
-e.g. "+18", "018" or "1 000") is correct. (Case folding in the graph is ASCII only.) Reward 1 / 2^(previous attempts) when correct, else 0; a correct answer ends the
-episode; the next observation is "Correct!" or "Incorrect. Please think again.". Any non-empty answer
-is a valid action. `max_actions_per_traj` defaults to 1 (RAGEN: one attempt per trajectory).
+answer is an integer, any answer that parses as that integer once whitespace is removed
+(`[+|-]digits`, e.g. "+18", "018" or "1 000") is correct. Case folding in the graph is ASCII only.
+Reward 1 / 2^(previous attempts) when correct, else 0; a correct answer ends the episode; the next
+observation is "Correct!" or "Incorrect. Please think again.". Any non-empty answer is a valid
+action. `max_actions_per_traj` defaults to 1 (RAGEN: one attempt per trajectory).
 """
 from __future__ import annotations
 
@@ -257,8 +258,9 @@ class Arithmetic(TextEnv):
             self._question_piece = jnp.asarray(pieces.indices(self.problems["question"]))
             question = pieces.max_len(self.problems["question"])
         self._feedback = jnp.asarray(pieces.indices(feedback))
-        super().__init__(tokenizer, pieces=pieces, action_words=(), obs_capacity=max(question, pieces.max_len(feedback)),
-                         instruction=INSTRUCTION, max_actions_per_traj=max_actions_per_traj, **kwargs)
+        capacity = max(question, pieces.max_len(feedback))
+        super().__init__(tokenizer, pieces=pieces, action_words=(), obs_capacity=capacity, instruction=INSTRUCTION,
+                         max_actions_per_traj=max_actions_per_traj, **kwargs)
 
     # ------------------------------------------------------------------ TextEnv hooks
     def init_state(self, key, params):
@@ -276,7 +278,8 @@ class Arithmetic(TextEnv):
     def observation_pieces(self, s):
         if self.problems is None:
             numbers, names, items = self._dynamic
-            dynamic = jnp.concatenate([numbers[jnp.clip(s.numbers, 0, MAX_NUMBER)], names[s.name][None], items[s.item][None]])
+            dynamic = jnp.concatenate(
+                [numbers[jnp.clip(s.numbers, 0, MAX_NUMBER)], names[s.name][None], items[s.item][None]])
             pattern = self._patterns[jnp.maximum(s.template, 0)]
             question = jnp.where(pattern >= 0, pattern, dynamic[jnp.clip(-1 - pattern, 0, dynamic.shape[0] - 1)])
         else:

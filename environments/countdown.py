@@ -218,7 +218,8 @@ class Countdown(TextEnv):
         if self.instances is None:
             n, top = max(counts), max(max_target, max_number * max(counts))
         else:
-            n, top = self.instances["nums"].shape[1], int(max(self.instances["nums"].max(), self.instances["target"].max()))
+            n = self.instances["nums"].shape[1]
+            top = int(max(self.instances["nums"].max(), self.instances["target"].max()))
         self.num_slots = n
         numbers = [str(v) for v in range(top + 1)]
         # RAGEN prints the reward with Python's str: int 0, 0.1, 1.0
@@ -231,7 +232,8 @@ class Countdown(TextEnv):
         num_len = pieces.max_len(numbers)
         question = sum(pieces.token_len(t) for t in ("Target: ", ", nums: [", "]")) + num_len * (n + 1)
         question += (n - 1) * pieces.token_len(", ")
-        feedback = sum(pieces.token_len(t) for t in ("Your answer get ", " points.")) + pieces.max_len(self._reward_texts)
+        feedback = sum(pieces.token_len(t) for t in ("Your answer get ", " points."))
+        feedback += pieces.max_len(self._reward_texts)
         super().__init__(tokenizer, pieces=pieces, action_words=(), obs_capacity=max(question, feedback),
                          instruction=INSTRUCTION, max_actions_per_traj=max_actions_per_traj, **kwargs)
 

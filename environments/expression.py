@@ -17,13 +17,13 @@ float rounding; RAGEN's Python check `abs(eval - target) < 1e-5` agrees except o
 artifacts. An expression is INVALID when Python would reject it (syntax error, empty, unbalanced
 parentheses, any byte outside digits/operators/parentheses/whitespace, a literal with a leading zero
 such as `07`, division by zero) and also when it leaves our fixed capacities: a literal with more
-than 9 digits, parenthesis nesting deeper than `max_depth`, or any product or sum above overflowing
-int32 (|x| >= 2^31 - 1; this rejects e.g. `99999*99999` which Python would evaluate). Whitespace is
-space, tab, CR, LF, VT, FF (Python would reject a bare newline; we treat it as a space).
+than 9 digits, parenthesis nesting deeper than `max_depth`, or any product or sum in the formulas
+above leaving int32 (|x| > 2^31 - 1; this rejects e.g. `99999*99999` which Python would evaluate).
+Whitespace is space, tab, CR, LF, VT, FF (Python rejects a bare newline; we treat it as a space).
 
 The literals of the expression are collected independently of its validity, as RAGEN does with
-`re.findall(r"\\d+", expr)`: every maximal run of digits, in order of appearance (9+ digit runs are
-recorded as -1, which never equals a Countdown number).
+`re.findall(r"\\d+", expr)`: every maximal run of digits, in order of appearance (runs of more than 9
+digits are recorded as -1, which never equals a Countdown number).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class Evaluation:
     value: f32[] numerator / denominator (0.0 when invalid).
     numerator, denominator: i32[] the exact (unreduced) fraction; denominator > 0 when valid.
     valid: bool[] see the module docstring.
-    literals: i32[L] the digit runs in order of appearance (-1 for 9+ digits), padded with -2.
+    literals: i32[L] the digit runs in order of appearance (-1 for more than 9 digits), padded with -2.
     num_literals: i32[] how many digit runs there are (may exceed L; then only L are stored).
     """
 
@@ -59,7 +59,7 @@ class Evaluation:
 
 
 def _mul(a, b):
-    """(a*b, ok): int32 product and whether it did not overflow (|result| < 2^31 - 1 kept exact)."""
+    """(a*b, ok): int32 product and whether it is exact with |a*b| <= 2^31 - 1."""
     p = a * b
     exact = (a == 0) | (jax.lax.div(p, jnp.where(a == 0, 1, a)) == b)
     return p, exact & (p != -INT_MAX - 1)
@@ -147,7 +147,7 @@ def evaluate(buf: jnp.ndarray, length: jnp.ndarray, max_depth: int = 8, max_lite
 
         # -- literal bookkeeping (independent of validity, like re.findall(r"\d+")) --
         start_num = digit & ~c["in_num"]
-        big = c["lit_big"] | (digit & c["in_num"] & (c["lit"] >= 100_000_000))
+        big = c["lit_big"] | (digit & c["in_num"] & (c["lit"] > MAX_LITERAL // 10))
         lit = jnp.where(start_num, d, jnp.where(big, c["lit"], c["lit"] * 10 + d))
         lit_zero = jnp.where(start_num, d == 0, c["lit_zero"])
         bad_zero = digit & c["in_num"] & c["lit_zero"] & (d != 0)  # Python rejects "07"

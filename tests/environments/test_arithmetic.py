@@ -28,7 +28,8 @@ def reference_answer(text):
         (r"A shelf has \d+ rows .* adds \d+ more", lambda a, b, c: a * (b + c)),
         (r"saves \d+ dollars every week for \d+ weeks and then spends", lambda a, b, c: a * b - c),
         (r"reads \d+ pages a day for \d+ days. The book has", lambda a, b, c: c - a * b),
-        (r"There are \d+ .* takes half of them and then puts \d+ back", lambda a, b: a // 2 + b if a % 2 == 0 else None),
+        (r"There are \d+ .* takes half of them and then puts \d+ back",
+         lambda a, b: a // 2 + b if a % 2 == 0 else None),
         (r"has \d+ small .* and \d+ times as many large", lambda a, b: a + a * b),
     ]
     hits = [f for pattern, f in rules if re.search(pattern, text)]
@@ -154,6 +155,17 @@ def test_dataset_problems(bpe_tokenizer):
     batch = jax.tree.map(lambda x: x[idx], state)
     texts = [f"<think>x</think><answer>{a}</answer>" for _, a, _ in rows]
     step = jax.jit(jax.vmap(env.step, (0, 0, 0, 0, None)))
-    _, _, reward, _, _ = step(jax.random.split(jax.random.key(0), len(rows)), batch, *encode(bpe_tokenizer, texts), params)
+    keys = jax.random.split(jax.random.key(0), len(rows))
+    _, _, reward, _, _ = step(keys, batch, *encode(bpe_tokenizer, texts), params)
     np.testing.assert_array_equal(reward, [w for _, _, w in rows])
     assert env.oracle(unbatch(state, 0), np.random.default_rng(0))[1] == problems["answer"][int(seeds[0] % 3)]
+
+
+def test_bpe_render_of_generated_problems(bpe_tokenizer):
+    env, params = environments.make("arithmetic", bpe_tokenizer)
+    obs, state = jax.jit(jax.vmap(env.reset, (0, None)))(jax.random.split(jax.random.key(8), 8), params)
+    for i in range(8):
+        s = unbatch(state, i)
+        text = problem_text(s.env.template, s.env.numbers, s.env.name, s.env.item)
+        assert env.render_text(s) == text
+        assert bpe_tokenizer.decode(np.asarray(obs.tokens[i, : obs.length[i]])) == text

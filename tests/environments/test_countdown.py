@@ -107,7 +107,8 @@ def test_render_and_oracle_answers(env_fns, builtin_tokenizer):
         assert str(int(s.env.target)) in reasoning
         assert ragen_reward(answer, s.env.nums[:c].tolist(), int(s.env.target)) == 1.0
         texts.append(f"<think>{reasoning}</think><answer>{answer}</answer>")
-    obs, new, reward, done, info = step(jax.random.split(jax.random.key(4), n), state, *encode(builtin_tokenizer, texts), params)
+    keys = jax.random.split(jax.random.key(4), n)
+    obs, new, reward, done, info = step(keys, state, *encode(builtin_tokenizer, texts), params)
     np.testing.assert_array_equal(reward, 1.0)
     assert done.all() and info["success"].all() and info["format_ok"].all()
     assert env.render_text(unbatch(new, 0)) == "Your answer get 1.0 points."
@@ -128,7 +129,8 @@ def test_rewards_match_ragen_rules(env_fns, builtin_tokenizer):
         nums=jnp.tile(jnp.asarray(nums + [0], jnp.int32), (k, 1)), count=jnp.full((k,), 3, jnp.int32),
         target=jnp.full((k,), target, jnp.int32)))
     texts = [f"<think>ok</think><answer>{a}</answer>" for a in answers]
-    _, new, reward, done, info = step(jax.random.split(jax.random.key(1), k), state, *encode(builtin_tokenizer, texts), params)
+    keys = jax.random.split(jax.random.key(1), k)
+    _, new, reward, done, info = step(keys, state, *encode(builtin_tokenizer, texts), params)
     np.testing.assert_allclose(reward, want)
     np.testing.assert_array_equal(info["success"], np.array(want) == 1.0)
     assert done.all() and info["action_is_valid"].all()
