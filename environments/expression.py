@@ -121,7 +121,9 @@ def evaluate(buf: jnp.ndarray, length: jnp.ndarray, max_depth: int = 8, max_lite
     """
     cap = buf.shape[0]
     length = jnp.clip(jnp.asarray(length, jnp.int32), 0, cap)
-    chars = jnp.concatenate([buf.astype(jnp.int32), jnp.zeros((1,), jnp.int32)])
+    # bytes past `length` read as spaces (no-ops); the extra final space ends a trailing literal
+    padded = jnp.concatenate([buf.astype(jnp.int32), jnp.zeros((1,), jnp.int32)])
+    chars = jnp.where(jnp.arange(cap + 1) < length, padded, ord(" "))
     stack = {k: jnp.zeros((max_depth,), jnp.int32) for k in _LEVEL_KEYS}
     carry = dict(
         level=_fresh_level(),
@@ -135,14 +137,10 @@ def evaluate(buf: jnp.ndarray, length: jnp.ndarray, max_depth: int = 8, max_lite
         lit_big=jnp.bool_(False),
         lits=jnp.full((max_literals,), -2, jnp.int32),
         nlits=jnp.int32(0),
-        result=(jnp.int32(0), jnp.int32(1)),
     )
 
-    def step(c, xs):
-        i, ch = xs
-        active = i <= length  # position `length` is the end marker, later positions do nothing
-        at_end = i == length
-        digit = (ch >= ord("0")) & (ch <= ord("9")) & ~at_end
+    def step(c, ch):
+        digit = (ch >= ord("0")) & (ch <= ord("9"))
         d = ch - ord("0")
 
         # -- literal bookkeeping (independent of validity, like re.findall(r"\d+")) --
@@ -171,17 +169,14 @@ def evaluate(buf: jnp.ndarray, length: jnp.ndarray, max_depth: int = 8, max_lite
         is_ws = jnp.zeros((), bool)
         for w in _WHITESPACE:
             is_ws |= ch == w
-        is_ws &= ~at_end
-        plus, minus = (ch == ord("+")) & ~at_end, (ch == ord("-")) & ~at_end
-        star, slash = (ch == ord("*")) & ~at_end, (ch == ord("/")) & ~at_end
-        lpar, rpar = (ch == ord("(")) & ~at_end, (ch == ord(")")) & ~at_end
-        other = ~at_end & ~digit & ~is_ws & ~plus & ~minus & ~star & ~slash & ~lpar & ~rpar
+        plus, minus, star, slash = (ch == ord(op) for op in "+-*/")
+        lpar, rpar = ch == ord("("), ch == ord(")")
+        other = ~digit & ~is_ws & ~plus & ~minus & ~star & ~slash & ~lpar & ~rpar
         ok &= ~other
 
         unary = (plus | minus) & expect
         binary_add = (plus | minus) & ~expect
         ok &= ~((star | slash) & expect) & ~(lpar & ~expect) & ~(rpar & expect)
-        ok &= ~(at_end & expect)  # empty input or a dangling operator
 
         # binary + / -: close the current term into the sum
         sn, sd, s_ok = _close_sum(level)
@@ -196,7 +191,7 @@ def evaluate(buf: jnp.ndarray, length: jnp.ndarray, max_depth: int = 8, max_lite
 
         # '(' pushes the current level, ')' pops and feeds the sub-expression as a factor
         depth = c["depth"]
-        ok &= ~(lpar & (depth >= max_depth)) & ~(rpar & (depth == 0)) & ~(at_end & (depth != 0))
+        ok &= ~(lpar & (depth >= max_depth)) & ~(rpar & (depth == 0))
         push = lpar & ok
         slot = jnp.clip(depth, 0, max_depth - 1)
         pop_slot = jnp.clip(depth - 1, 0, max_depth - 1)
@@ -214,20 +209,18 @@ def evaluate(buf: jnp.ndarray, length: jnp.ndarray, max_depth: int = 8, max_lite
             level,
         )
         depth = depth + push.astype(jnp.int32) - pop.astype(jnp.int32)
-        ok &= ~(at_end & ~s_ok)
-        result = jax.tree.map(lambda a, b: jnp.where(at_end, a, b), (sn, sd), c["result"])
 
         expect = jnp.where(plus | minus | star | slash | lpar, True, jnp.where(rpar, False, expect))
         new = dict(
             level=level, stack=stack, depth=depth, expect=expect, ok=ok, in_num=digit, lit=lit,
-            lit_zero=lit_zero, lit_big=big & ~start_num, lits=lits, nlits=nlits, result=result,
+            lit_zero=lit_zero, lit_big=big & ~start_num, lits=lits, nlits=nlits,
         )
-        return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, c), None
+        return new, None
 
-    positions = jnp.arange(cap + 1, dtype=jnp.int32)
-    out, _ = jax.lax.scan(step, carry, (positions, chars))
-    n, den = out["result"]
-    valid = out["ok"]
+    out, _ = jax.lax.scan(step, carry, chars)
+    # end of input: no operand may be pending (empty input, dangling operator), no '(' open
+    n, den, sum_ok = _close_sum(out["level"])
+    valid = out["ok"] & ~out["expect"] & (out["depth"] == 0) & sum_ok
     value = jnp.where(valid, n.astype(jnp.float32) / jnp.where(valid, den, 1).astype(jnp.float32), 0.0)
     return Evaluation(
         value=value,
