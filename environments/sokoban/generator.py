@@ -1,0 +1,267 @@
+"""Sokoban level generation in pure JAX from a PRNG key (jittable, vmappable, fixed shapes).
+
+Follows gym-sokoban's recipe (spec F.1) with the search replaced by fixed-shape loops:
+  1. room topology: a random walk of int(1.7 * (H + W)) steps (direction change probability 0.35) that
+     stamps one of five 3x3 floor masks per step, then a wall border;
+  2. player and boxes on distinct uniform floor cells; the box cells become the targets;
+  3. reverse play from this solved state: `reverse_steps` random moves that pull a box when the player
+     walks away from it, keeping the visited state with the best gym score
+     `box swaps * sum of box-to-own-target Manhattan distances` (0 while a target is covered);
+  4. 0-3 random extra player steps (gym-sokoban/RAGEN `add_random_player_movement`).
+Reverse play only makes legal moves backwards, so every level is solvable. `attempts` candidates are
+built in parallel and solved with the BFS solver; among those with score > 0 (no box on a target, hence
+not solved) and an optimal solution of at least `min_solution_length` moves, the best-scoring one is
+returned (gym-sokoban also keeps the best score of its search). If none qualifies, a fixed fallback room
+is returned (solvable and unsolved, but possibly shorter than asked).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from environments.sokoban import dynamics
+from environments.sokoban.solver import Solver
+
+# gym-sokoban's five floor stamps, centred on the walker.
+FLOOR_MASKS = np.array(
+    [
+        [[0, 0, 0], [1, 1, 1], [0, 0, 0]],
+        [[0, 1, 0], [0, 1, 0], [0, 1, 0]],
+        [[0, 0, 0], [1, 1, 0], [0, 1, 0]],
+        [[0, 0, 0], [1, 1, 0], [1, 1, 0]],
+        [[0, 0, 0], [0, 1, 1], [0, 1, 0]],
+    ],
+    dtype=bool,
+)
+P_CHANGE_DIRECTION = 0.35
+EXTRA_MOVES = 3
+EXTRA_MOVE_CONTINUE = 0.5
+
+
+def room_topology(uniform: jax.Array, height: int, width: int) -> jax.Array:
+    """bool[H, W] floor map from gym-sokoban's random walk (border cells are always walls).
+
+    uniform: float32[num_steps + 1, 3] of U[0, 1) draws (row 0: start cell and direction; row t: change
+    of direction, new direction, floor mask of step t).
+    """
+    start = jnp.floor(uniform[0, :2] * jnp.array([height - 1, width - 1])).astype(jnp.int32) + 1
+    direction0 = jnp.floor(uniform[0, 2] * 4).astype(jnp.int32)
+    change = uniform[1:, 0] < P_CHANGE_DIRECTION
+    new_direction = jnp.floor(uniform[1:, 1] * 4).astype(jnp.int32)
+    mask_index = jnp.floor(uniform[1:, 2] * len(FLOOR_MASKS)).astype(jnp.int32)
+    rows, cols = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
+
+    def walk(carry, step):
+        position, direction, floor = carry
+        change_now, direction_now, mask_now = step
+        direction = jnp.where(change_now, direction_now, direction)
+        position = position + jnp.asarray(dynamics.DIRECTIONS)[direction]
+        position = jnp.clip(position, 1, jnp.array([height - 2, width - 2]))
+        mask = jnp.asarray(FLOOR_MASKS)[mask_now]
+        dr, dc = rows - position[0] + 1, cols - position[1] + 1
+        inside = (dr >= 0) & (dr < 3) & (dc >= 0) & (dc < 3)
+        floor = floor | (inside & mask[jnp.clip(dr, 0, 2), jnp.clip(dc, 0, 2)])
+        return (position, direction, floor), None
+
+    floor0 = jnp.zeros((height, width), bool)
+    (_, _, floor), _ = jax.lax.scan(walk, (start, direction0, floor0), (change, new_direction, mask_index))
+    border = (rows == 0) | (rows == height - 1) | (cols == 0) | (cols == width - 1)
+    return floor & ~border
+
+
+def place_player_and_boxes(uniform: jax.Array, floor: jax.Array, num_boxes: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Distinct uniform floor cells for the player and the boxes, from uniform: float32[H * W] draws.
+
+    Returns (player int32[], boxes int32[num_boxes] flat cells, enough_floor bool[]): gym-sokoban needs
+    more than num_boxes + 1 floor cells.
+    """
+    scores = jnp.where(floor.reshape(-1), uniform, -1.0)
+    _, cells = jax.lax.top_k(scores, num_boxes + 1)
+    enough_floor = jnp.sum(floor) > num_boxes + 1
+    return cells[0].astype(jnp.int32), cells[1:].astype(jnp.int32), enough_floor
+
+
+def manhattan(fixed: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+    """Elementwise Manhattan distance int32 between flat cells `a` and `b` of a room shaped like `fixed`."""
+    width = fixed.shape[1]
+    (row_a, col_a), (row_b, col_b) = dynamics.row_col(a, width), dynamics.row_col(b, width)
+    return jnp.abs(row_a - row_b) + jnp.abs(col_a - col_b)
+
+
+def reverse_play(uniform: jax.Array, room: dynamics.Room) -> tuple[dynamics.Room, jax.Array, jax.Array]:
+    """Random backwards play from a solved room, one step per uniform: float32[num_steps] draw; the
+    player pulls the box behind it when stepping away.
+
+    Returns (best room, its gym score int32[], its box displacement int32[]). Box i's own target is its
+    starting cell.
+    """
+    flat_fixed = room.fixed.reshape(-1)
+    targets = room.boxes
+
+    def score_of(player, boxes, swaps):
+        displacement = jnp.sum(manhattan(room.fixed, boxes, targets))
+        covered = jnp.any(flat_fixed[boxes] == dynamics.TARGET) | (flat_fixed[player] == dynamics.TARGET)
+        return jnp.where(covered, 0, swaps * displacement), displacement
+
+    def pull(carry, direction):
+        player, boxes, swaps, last, best = carry
+        ahead, ahead_inside = dynamics.neighbour(room.fixed, player, direction)
+        behind, _ = dynamics.neighbour(room.fixed, player, direction ^ 1)  # opposite: Up<->Down, Left<->Right
+        free = ahead_inside & (flat_fixed[ahead] != dynamics.WALL) & ~jnp.any(boxes == ahead)
+        pulled = free & (boxes == behind)
+        boxes = jnp.where(pulled, player, boxes)
+        pulled_index = jnp.argmax(pulled)
+        any_pulled = jnp.any(pulled)
+        swaps = swaps + (any_pulled & (pulled_index != last)).astype(jnp.int32)
+        last = jnp.where(any_pulled, pulled_index, last)
+        player = jnp.where(free, ahead, player)
+        score, displacement = score_of(player, boxes, swaps)
+        better = score > best[2]
+        best = jax.tree.map(lambda new, old: jnp.where(better, new, old), (player, boxes, score, displacement), best)
+        return (player, boxes, swaps, last, best), None
+
+    score0, displacement0 = score_of(room.player, room.boxes, jnp.int32(0))
+    best0 = (room.player, room.boxes, score0, displacement0)
+    carry0 = (room.player, room.boxes, jnp.int32(0), jnp.int32(-1), best0)
+    (_, _, _, _, best), _ = jax.lax.scan(pull, carry0, jnp.floor(uniform * 4).astype(jnp.int32))
+    player, boxes, score, displacement = best
+    return room.replace(player=player, boxes=boxes), score, displacement
+
+
+def random_player_steps(uniform: jax.Array, room: dynamics.Room, displacement: jax.Array) -> dynamics.Room:
+    """gym-sokoban/RAGEN's extra player walk: with probability 0.8 (displacement 1) or 0.5, up to 3 steps
+    to free, not yet visited cells, continuing after each step with probability 0.5.
+
+    uniform: float32[EXTRA_MOVES + 1, 5] of U[0, 1) draws.
+    """
+    flat_fixed = room.fixed.reshape(-1)
+    draws = (uniform[1:, :4], uniform[1:, 4])
+    active0 = uniform[0, 0] < jnp.where(displacement == 1, 0.8, 0.5)
+    visited0 = jnp.full((EXTRA_MOVES + 1,), room.player).astype(jnp.int32)
+
+    def walk(carry, step):
+        player, visited, active = carry
+        choice_noise, continue_draw = step
+        ahead, inside = jax.vmap(lambda d: dynamics.neighbour(room.fixed, player, d))(jnp.arange(4))
+        valid = (
+            inside
+            & (flat_fixed[ahead] != dynamics.WALL)
+            & ~jnp.any(ahead[:, None] == room.boxes[None, :], axis=1)
+            & ~jnp.any(ahead[:, None] == visited[None, :], axis=1)
+        )
+        step = active & jnp.any(valid)
+        choice = jnp.argmax(jnp.where(valid, choice_noise, -1.0))  # uniform among the valid moves
+        player = jnp.where(step, ahead[choice], player)
+        visited = jnp.concatenate([visited[1:], player[None]])
+        active = step & (continue_draw < EXTRA_MOVE_CONTINUE)
+        return (player, visited, active), None
+
+    (player, _, _), _ = jax.lax.scan(walk, (room.player, visited0, active0), draws)
+    return room.replace(player=player)
+
+
+def fallback_room(height: int, width: int, num_boxes: int) -> tuple[dynamics.Room, list[int]]:
+    """A fixed solvable, unsolved room and an optimal solution (directions 0..3).
+
+    A corridor along row 1 with the player at (1, 1) and, for box i, a dead-end shaft at column
+    c_i = 2 + 2i holding the box at (2, c_i) above its target at (3, c_i). Each box takes one push from
+    (1, c_i) and the player must step back up between shafts, so the optimum is
+    (c_last - 1) walks + num_boxes pushes + (num_boxes - 1) steps back = 4 * num_boxes - 2 moves.
+    """
+    up, down, right = 0, 1, 3
+    fixed = np.full((height, width), dynamics.WALL, np.int32)
+    fixed[1, 1 : width - 1] = dynamics.FLOOR
+    columns = 2 + 2 * np.arange(num_boxes)
+    fixed[2, columns] = dynamics.FLOOR
+    fixed[3, columns] = dynamics.TARGET
+    room = dynamics.Room(
+        fixed=jnp.asarray(fixed), boxes=jnp.asarray(2 * width + columns, jnp.int32), player=jnp.asarray(width + 1, jnp.int32)
+    )
+    moves = [right, down]
+    for _ in range(num_boxes - 1):
+        moves += [up, right, right, down]
+    return room, moves
+
+
+@struct.dataclass
+class Level:
+    """A generated level.
+
+    room: the `Room`; num_moves: int32[] its optimal number of moves; moves: int32[max_moves] an optimal
+    solution (directions 0..3 = Up, Down, Left, Right; -1 padded); accepted: bool[] False when no
+    candidate qualified and the fallback room was returned.
+    """
+
+    room: dynamics.Room
+    num_moves: jax.Array
+    moves: jax.Array
+    accepted: jax.Array
+
+
+class Generator:
+    """Builds levels of a fixed size and box count from a key.
+
+    Args:
+      height, width, num_boxes: room geometry (static).
+      attempts: candidate levels built and solved per call (static).
+      reverse_steps: random reverse moves per candidate (static); default 8 * (H + W).
+      search_capacity: queue capacity of the solver that checks candidates (static); a candidate whose
+        search overflows it is rejected. Bounds the generator's memory (int32[(3 * capacity + states)]
+        per attempt) and its worst-case time.
+      max_moves: length of `Level.moves` (static).
+    """
+
+    def __init__(self, height: int, width: int, num_boxes: int, attempts: int = 8, reverse_steps: int | None = None,
+                 search_capacity: int = 4096, max_moves: int = 100):
+        if height < 5 or width < 2 * num_boxes + 2 or num_boxes < 1:
+            raise ValueError(
+                f"Generator: need height >= 5, width >= 2 * num_boxes + 2, num_boxes >= 1 (the fallback room); got "
+                f"{height}x{width} with {num_boxes} boxes"
+            )
+        if attempts < 1:
+            raise ValueError(f"Generator: attempts must be >= 1, got {attempts}")
+        self.height, self.width, self.num_boxes, self.attempts = height, width, num_boxes, attempts
+        self.walk_steps = int(1.7 * (height + width))
+        self.reverse_steps = reverse_steps if reverse_steps is not None else 8 * (height + width)
+        self.solver = Solver(height, width, num_boxes, max_moves=max_moves, queue_capacity=search_capacity)
+        self.fallback, fallback_moves = fallback_room(height, width, num_boxes)
+        self.fallback_moves = np.full((self.solver.max_moves,), -1, np.int32)
+        self.fallback_moves[: len(fallback_moves)] = fallback_moves
+        self.noise_size = (self.walk_steps + 1) * 3 + height * width + self.reverse_steps + (EXTRA_MOVES + 1) * 5
+
+    def candidate(self, uniform: jax.Array) -> tuple[dynamics.Room, jax.Array]:
+        """One candidate level and its gym score int32[] (0 when gym-sokoban would reject it).
+
+        uniform: float32[self.noise_size] of U[0, 1) draws (one draw per level keeps the compile small).
+        """
+        height, width = self.height, self.width
+        sizes = np.cumsum([(self.walk_steps + 1) * 3, height * width, self.reverse_steps])
+        topology, place, reverse, extra = jnp.split(uniform, sizes)
+        floor = room_topology(topology.reshape(-1, 3), height, width)
+        player, boxes, enough_floor = place_player_and_boxes(place, floor, self.num_boxes)
+        fixed = jnp.where(floor, dynamics.FLOOR, dynamics.WALL).reshape(-1).at[boxes].set(dynamics.TARGET)
+        solved_room = dynamics.Room(fixed=fixed.reshape(height, width).astype(jnp.int32), boxes=boxes, player=player)
+        room, score, displacement = reverse_play(reverse, solved_room)
+        room = random_player_steps(extra.reshape(EXTRA_MOVES + 1, 5), room, displacement)
+        return room, jnp.where(enough_floor, score, 0)
+
+    def __call__(self, key: jax.Array, min_solution_length: jax.Array | int = 1) -> Level:
+        """Generate one level; the same key gives the same level.
+
+        min_solution_length: int32[] (traced), the least optimal number of moves accepted (at least 1).
+        """
+        uniform = jax.random.uniform(key, (self.attempts, self.noise_size))
+        rooms, scores = jax.vmap(self.candidate)(uniform)
+        num_moves, moves = jax.vmap(self.solver)(rooms)
+        accepted = (scores > 0) & (num_moves >= jnp.maximum(min_solution_length, 1))
+        choice = jnp.argmax(jnp.where(accepted, scores, -1))  # gym-sokoban keeps the best-scoring level
+        any_accepted = jnp.any(accepted)
+        pick = lambda batch, fallback: jnp.where(any_accepted, batch[choice], jnp.asarray(fallback))
+        return Level(
+            room=jax.tree.map(pick, rooms, self.fallback),
+            num_moves=pick(num_moves, np.int32(np.sum(self.fallback_moves >= 0))),
+            moves=pick(moves, self.fallback_moves),
+            accepted=any_accepted,
+        )
