@@ -7,6 +7,7 @@ Public API (all functions pure; vmap over a batch of envs, jit freely):
     obs, state, reward, done, info = env.step(key, state, response_tokens, response_len, params)
     env.render_text(state) -> str        # host, one unbatched state; == decode(obs.tokens[:obs.length])
     env.oracle(state, rng) -> (reasoning, answer)   # host; a correct answer + a paraphrased reasoning
+    env.render_texts(states), env.oracles(states, rng)  # the same for a batch (leading axis)
     env.parse(response_tokens, response_len) -> ParsedResponse   # parsing.py, e.g. for token spans
     env.instruction: str                 # env part of the system prompt (rules, symbols, actions)
     env.action_words: tuple[str, ...]    # () for free-text envs
@@ -119,6 +120,7 @@ class TextEnv:
         self.enable_think = bool(enable_think)
         self.parse = ResponseParser(tokenizer, self.action_words, self.max_actions_per_turn, self.enable_think)
         self._host_pieces = jax.jit(self.observation_pieces)
+        self._host_pieces_batch = jax.jit(jax.vmap(self.observation_pieces))
 
     # ----------------------------------------------------------------- hooks (subclasses override)
     def init_state(self, key, params):
@@ -180,10 +182,23 @@ class TextEnv:
         """Host text of the observation of one unbatched state (equals the decoded `render`)."""
         return self.pieces.text(jax.device_get(self._host_pieces(state.env)))
 
+    def render_texts(self, states: TurnState) -> list[str]:
+        """Host texts of a batch of states (leading axis), one compiled call for the whole batch."""
+        pieces = np.asarray(jax.device_get(self._host_pieces_batch(states.env)))
+        return [self.pieces.text(row) for row in pieces]
+
     def oracle(self, state: TurnState, rng: np.random.Generator, max_actions: int | None = None):
         """(reasoning, answer) for one unbatched state; `max_actions` defaults to max_actions_per_turn."""
         s = jax.tree.map(np.asarray, jax.device_get(state.env))
         return self.oracle_answer(s, rng, self.max_actions_per_turn if max_actions is None else max_actions)
+
+    def oracles(self, states: TurnState, rng: np.random.Generator, max_actions: int | None = None):
+        """`oracle` for each state of a batch (leading axis): a list of (reasoning, answer), None where done."""
+        host = jax.tree.map(np.asarray, jax.device_get(states.env))
+        done = np.asarray(states.done)
+        m = self.max_actions_per_turn if max_actions is None else max_actions
+        return [None if done[i] else self.oracle_answer(jax.tree.map(lambda x: x[i], host), rng, m)
+                for i in range(done.shape[0])]
 
     # ----------------------------------------------------------------- turn execution
     def _run_actions(self, key, state: TurnState, parsed: ParsedResponse, params):
