@@ -90,6 +90,7 @@ def _algo() -> ml_collections.ConfigDict:
     c.kl_penalty = "kl"  # estimator of the reward penalty
     c.ppo_epochs = 1  # passes over the batch per step
     c.ppo_mini_batch_size = 32  # trajectories per optimizer step
+    c.ppo_micro_batch_size = 0  # rows per gradient-accumulation chunk (0 = the whole minibatch)
     c.soft_advantage_reweight = False  # scale advantages by group std / max std (spec C.5)
     c.zero_task_advantage = False  # ablation: regulariser gradients only
     c.critic_warmup = 0  # steps that update only the critic

@@ -170,6 +170,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
             "algo.ppo_mini_batch_size", config.algo.ppo_mini_batch_size,
             f"must divide the batch num_groups * group_size = {batch}",
         )
+    micro = config.algo.ppo_micro_batch_size
+    if micro < 0 or (micro and config.algo.ppo_mini_batch_size % micro):
+        raise ConfigError(
+            "algo.ppo_micro_batch_size", micro,
+            f"must be 0 (whole minibatch) or divide algo.ppo_mini_batch_size = {config.algo.ppo_mini_batch_size}",
+        )
     return config
 
 

@@ -167,3 +167,13 @@ def test_command_line_typo_fails_because_the_config_is_locked():
 def test_command_line_override_is_validated():
     with pytest.raises(cfg.ConfigError, match="config.filter.strategy = 'top_q'"):
         cfg.load(["prog", f"--config={BASE_FILE}", "--config.filter.strategy=top_q"])
+
+
+@pytest.mark.parametrize("micro,ok", [(0, True), (8, True), (32, True), (5, False), (-1, False)])
+def test_micro_batch_must_divide_the_minibatch(config, micro, ok):
+    config.algo.ppo_micro_batch_size = micro
+    if ok:
+        cfg.validate(config, num_devices=8)
+    else:
+        with pytest.raises(cfg.ConfigError, match=f"config.algo.ppo_micro_batch_size = {micro}"):
+            cfg.validate(config, num_devices=8)

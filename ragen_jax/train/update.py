@@ -84,7 +84,8 @@ class UpdateConfig:
     def from_config(cls, config: ml_collections.ConfigDict, **overrides) -> "UpdateConfig":
         """Actor and critic share these keys of `configs/base.py` (algo.*, optim.*)."""
         a, o = config.algo, config.optim
-        fields = dict(epochs=a.ppo_epochs, minibatch_size=a.ppo_mini_batch_size, loss_agg_mode=a.loss_agg_mode,
+        fields = dict(epochs=a.ppo_epochs, minibatch_size=a.ppo_mini_batch_size,
+                      micro_batch_size=a.ppo_micro_batch_size or None, loss_agg_mode=a.loss_agg_mode,
                       use_kl_loss=a.use_kl_loss, kl_loss_type=a.kl_loss_type, b1=o.b1, b2=o.b2,
                       weight_decay=o.weight_decay, grad_clip=o.grad_clip)
         return cls(**{**fields, **overrides})

@@ -198,8 +198,12 @@ def test_critic_update_matches_optax_on_the_clipped_value_loss():
 def test_config_errors_and_from_config():
     from configs.base import get_config
 
-    config = UpdateConfig.from_config(get_config())
+    base = get_config()
+    config = UpdateConfig.from_config(base)
     assert (config.minibatch_size, config.epochs, config.loss_agg_mode, config.grad_clip) == (32, 1, "token-mean", 1.0)
+    assert config.micro == 32
+    base.algo.ppo_micro_batch_size = 8
+    assert UpdateConfig.from_config(base).micro == 8
     with pytest.raises(ValueError, match="micro"):
         UpdateConfig(minibatch_size=4, micro_batch_size=3)
     with pytest.raises(ValueError, match="minibatch_size"):
