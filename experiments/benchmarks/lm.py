@@ -1,0 +1,167 @@
+"""LM speed: decode and train-step tokens/s of the JAX decoder vs transformers + torch (CPU), same run.
+
+For the tiny default config and a mid config it measures
+  decode: new tokens/s of `ragen_jax.rollout.sampler.generate` vs `transformers` `generate` (batch 128,
+          prompt 128, 64 new tokens, temperature 1, both including the prefill);
+  train:  tokens/s of one forward + backward + AdamW step on next-token cross-entropy;
+plus the train step's achieved GFLOP/s against a float32 matmul measured in the same run. Each figure is the
+best of `repeats` timed runs after a warm-up (the CPU may be shared). Prints one JSON line.
+
+    .venv/bin/python experiments/benchmarks/lm.py [--quick] [--only tiny|mid]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+import transformers
+
+from ragen_jax import models
+from ragen_jax.models import transformer as tfm
+from ragen_jax.rollout import sampler
+
+SIZES = {  # name -> (ModelConfig sizes, train batch, train length)
+    "tiny": (dict(vocab_size=512, d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, mlp_dim=512), 128, 320),
+    "mid": (dict(vocab_size=4096, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4, mlp_dim=1408), 32, 512),
+}
+DECODE_BATCH, PROMPT_LEN, NEW_TOKENS = 128, 128, 64
+
+
+def best_time(fn, repeats: int) -> float:
+    """Warm-up call (compiles), then the best wall time of `repeats` calls; fn must block until done."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def matmul_gflops(repeats: int, n: int = 2048) -> float:
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    mm = jax.jit(lambda x, y: x @ y)
+    return 2 * n ** 3 / best_time(lambda: mm(a, b).block_until_ready(), 3 * repeats) / 1e9
+
+
+def train_flops(c: models.ModelConfig, batch: int, length: int) -> float:
+    """Matmul FLOPs of forward + backward (3x forward) incl. the LM head and full (masked) T x T attention."""
+    q, k = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    per_token = c.d_model * (2 * q + 2 * k) + 3 * c.d_model * c.mlp_dim
+    forward = 2 * batch * length * (c.num_layers * per_token + c.d_model * c.vocab_size)
+    forward += c.num_layers * 4 * batch * length * length * q
+    return 3.0 * forward
+
+
+def hf_model(c: models.ModelConfig) -> torch.nn.Module:
+    hf_config = transformers.LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.mlp_dim,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_embeddings,
+        max_position_embeddings=c.max_seq_len, rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+        attention_bias=c.qkv_bias, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    return transformers.LlamaForCausalLM(hf_config)
+
+
+def bench_decode(c, params, hf, repeats):
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(1, c.vocab_size, size=(DECODE_BATCH, PROMPT_LEN)).astype(np.int32)
+    lengths = jnp.full((DECODE_BATCH,), PROMPT_LEN, jnp.int32)
+    prompt_j = jnp.asarray(prompt)
+
+    def run_jax():
+        cache = models.init_cache(c, DECODE_BATCH, PROMPT_LEN + NEW_TOKENS)
+        out, cache = sampler.generate(c, params, cache, prompt_j, lengths, jax.random.key(0), jnp.float32(1.0),
+                                      jnp.float32(1.0), max_new_tokens=NEW_TOKENS)
+        out.tokens.block_until_ready()
+
+    prompt_t = torch.tensor(prompt, dtype=torch.long)
+    mask_t = torch.ones_like(prompt_t)
+
+    def run_torch():
+        with torch.inference_mode():
+            hf.generate(prompt_t, attention_mask=mask_t, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+
+    new = DECODE_BATCH * NEW_TOKENS
+    return new / best_time(run_jax, repeats), new / best_time(run_torch, repeats)
+
+
+def bench_train(c, params, hf, batch, length, repeats):
+    tokens = np.random.default_rng(1).integers(0, c.vocab_size, size=(batch, length + 1)).astype(np.int32)
+    optimizer = optax.adamw(1e-4, weight_decay=0.01)
+
+    def loss_fn(p, x):
+        logp = jax.nn.log_softmax(tfm.apply(c, p, x[:, :-1]))
+        return -jnp.mean(jnp.take_along_axis(logp, x[:, 1:, None], axis=-1))
+
+    def step(p, opt_state, x):
+        loss, grads = jax.value_and_grad(loss_fn)(p, x)
+        updates, opt_state = optimizer.update(grads, opt_state, p)
+        return optax.apply_updates(p, updates), opt_state, loss
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    state = {"p": params, "opt": optimizer.init(params)}
+    x_j = jnp.asarray(tokens)
+
+    def run_jax():
+        state["p"], state["opt"], loss = step(state["p"], state["opt"], x_j)
+        loss.block_until_ready()
+
+    hf.train()
+    opt_t = torch.optim.AdamW(hf.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+    x_t = torch.tensor(tokens, dtype=torch.long)
+
+    def run_torch():
+        logits = hf(input_ids=x_t[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, c.vocab_size), x_t[:, 1:].reshape(-1))
+        loss.backward()
+        opt_t.step()
+        opt_t.zero_grad(set_to_none=True)
+
+    trained = batch * length
+    jax_time = best_time(run_jax, repeats)
+    return trained / jax_time, trained / best_time(run_torch, repeats), train_flops(c, batch, length) / jax_time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one timed repeat per figure")
+    parser.add_argument("--only", choices=sorted(SIZES), help="benchmark one size only")
+    args = parser.parse_args()
+    repeats = 1 if args.quick else 3
+    threads = os.cpu_count()
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    result = {"threads": threads, "jax": jax.__version__, "torch": torch.__version__, "repeats": repeats,
+              "matmul_gflops": round(matmul_gflops(repeats), 1)}
+    for name in [args.only] if args.only else SIZES:
+        sizes, batch, length = SIZES[name]
+        c = models.ModelConfig(head_dim=sizes["d_model"] // sizes["num_heads"], tie_embeddings=True,
+                               max_seq_len=max(length + 1, PROMPT_LEN + NEW_TOKENS), **sizes)
+        hf = hf_model(c).eval()
+        params = jax.jit(tfm.init_params, static_argnums=0)(c, jax.random.key(0))
+        decode_jax, decode_torch = bench_decode(c, params, hf, repeats)
+        train_jax, train_torch, gflops = bench_train(c, params, hf, batch, length, repeats)
+        result[name] = {
+            "decode_tok_s": {"jax": round(decode_jax, 1), "torch": round(decode_torch, 1),
+                             "ratio": round(decode_jax / decode_torch, 3)},
+            "train_tok_s": {"jax": round(train_jax, 1), "torch": round(train_torch, 1),
+                            "ratio": round(train_jax / train_torch, 3)},
+            "train_gflops": round(gflops / 1e9, 1),
+            "train_vs_matmul": round(gflops / 1e9 / result["matmul_gflops"], 3),
+            "batch": {"decode": [DECODE_BATCH, PROMPT_LEN, NEW_TOKENS], "train": [batch, length]},
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
