@@ -132,7 +132,9 @@ def room_from_codes(codes: np.ndarray) -> Room:
     if players.size != 1:
         raise ValueError(f"room_from_codes: expected exactly one player cell, found {players.size}")
     return Room(
-        fixed=jnp.asarray(fixed, jnp.int32), boxes=jnp.asarray(boxes, jnp.int32), player=jnp.asarray(players[0], jnp.int32)
+        fixed=jnp.asarray(fixed, jnp.int32),
+        boxes=jnp.asarray(boxes, jnp.int32),
+        player=jnp.asarray(players[0], jnp.int32),
     )
 
 

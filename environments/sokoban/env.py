@@ -83,7 +83,7 @@ class Sokoban(TextEnv):
         self.generator = Generator(height, width, num_boxes, attempts=attempts, reverse_steps=reverse_steps,
                                    search_capacity=search_capacity, max_moves=max_moves)
         self.solver = Solver(height, width, num_boxes, max_moves=max_moves)
-        self._host_solve = jax.jit(self.solver)
+        self.solve_batch = jax.jit(jax.vmap(self.solve))
         cells = height * width
         coords = [_coord(i, width) for i in range(cells)]
         next_coords = [", " + c for c in coords]
@@ -153,25 +153,40 @@ class Sokoban(TextEnv):
 
         Returns (num_moves int32[]: optimal number of moves, 0 if solved, -1 if unsolvable;
         moves int32[max_moves]: action indices 0..3 = Up, Down, Left, Right, padded with -1).
+        `env.solve_batch` is its jitted vmap over a leading batch axis (one search loop for the batch).
         """
         return self.solver(state.env.room)
 
     def oracle_answer(self, s, rng, max_actions):
-        room = jax.tree.map(jnp.asarray, s.room)
-        num_moves, moves = jax.device_get(self._host_solve(room))
+        batch = jax.tree.map(lambda x: jnp.asarray(x)[None], s)
+        num_moves, moves = jax.device_get(self.solve_batch(TurnState(env=batch, actions_left=None, done=None)))
+        return self._oracle_text(s, int(num_moves[0]), moves[0], rng, max_actions)
+
+    def oracles(self, states: TurnState, rng: np.random.Generator, max_actions: int | None = None):
+        """`oracle` for each state of a batch (leading axis), with one solver call for the whole batch;
+        None where the episode is done."""
+        num_moves, moves = jax.device_get(self.solve_batch(states))
+        host = jax.tree.map(np.asarray, jax.device_get(states.env))
+        done = np.asarray(states.done)
+        m = self.max_actions_per_turn if max_actions is None else max_actions
+        return [None if done[i] else self._oracle_text(jax.tree.map(lambda x: x[i], host), int(num_moves[i]),
+                                                       moves[i], rng, m) for i in range(done.shape[0])]
+
+    def _oracle_text(self, s, num_moves, moves, rng, max_actions):
+        """(reasoning, answer) from the solver's optimal moves for host state `s`."""
         player = _coord(int(s.room.player), self.width)
-        if int(num_moves) == 0:
+        if num_moves == 0:
             raise ValueError(f"Sokoban oracle called on a solved room (player at {player})")
-        if int(num_moves) < 0:
+        if num_moves < 0:
             raise ValueError(f"Sokoban room is unsolvable (player at {player}): a box is stuck")
-        words = [dynamics.ACTION_WORDS[m] for m in moves[: min(max_actions, int(num_moves))]]
+        words = [dynamics.ACTION_WORDS[m] for m in moves[: min(max_actions, num_moves)]]
         fixed = np.asarray(s.room.fixed).reshape(-1)
         boxes = [int(b) for b in np.sort(np.asarray(s.room.boxes))]
         open_boxes = [_coord(b, self.width) for b in boxes if fixed[b] != dynamics.TARGET]
         free_targets = [_coord(t, self.width) for t in np.flatnonzero(fixed == dynamics.TARGET) if t not in boxes]
         box_word = "box" if len(open_boxes) == 1 else "boxes"
         target_word = "target" if len(free_targets) == 1 else "targets"
-        b, t, n = _join(open_boxes), _join(free_targets), int(num_moves)
+        b, t, n = _join(open_boxes), _join(free_targets), num_moves
         templates = (
             f"The player is at {player}. The {box_word} at {b} must reach the {target_word} at {t}. The shortest "
             f"solution takes {n} moves, so I start with {', then '.join(w.lower() for w in words)}.",

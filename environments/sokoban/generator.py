@@ -71,7 +71,8 @@ def room_topology(uniform: jax.Array, height: int, width: int) -> jax.Array:
     return floor & ~border
 
 
-def place_player_and_boxes(uniform: jax.Array, floor: jax.Array, num_boxes: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def place_player_and_boxes(uniform: jax.Array, floor: jax.Array,
+                           num_boxes: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Distinct uniform floor cells for the player and the boxes, from uniform: float32[H * W] draws.
 
     Returns (player int32[], boxes int32[num_boxes] flat cells, enough_floor bool[]): gym-sokoban needs
@@ -177,7 +178,9 @@ def fallback_room(height: int, width: int, num_boxes: int) -> tuple[dynamics.Roo
     fixed[2, columns] = dynamics.FLOOR
     fixed[3, columns] = dynamics.TARGET
     room = dynamics.Room(
-        fixed=jnp.asarray(fixed), boxes=jnp.asarray(2 * width + columns, jnp.int32), player=jnp.asarray(width + 1, jnp.int32)
+        fixed=jnp.asarray(fixed),
+        boxes=jnp.asarray(2 * width + columns, jnp.int32),
+        player=jnp.asarray(width + 1, jnp.int32),
     )
     moves = [right, down]
     for _ in range(num_boxes - 1):

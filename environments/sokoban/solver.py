@@ -6,8 +6,8 @@ it), so only the (H-2)*(W-2) interior cells matter; a state is ranked to a dense
 cells) in [0, I * C(I, k)): 6x6 with 1 box has 256 states, 8x8 with 2 boxes 22,680.
 
 Each search is a FIFO queue of state indices, expanded in chunks inside one `lax.while_loop`: the
-successors are deduplicated with a scatter-min of their parent code (`queue position * 4
-+ direction`) into a per-state `claim` array, so each new state is enqueued once, by its earliest parent.
+successors are deduplicated with a scatter-min of their parent code (`queue position * 4 + direction`)
+into a per-state `claim` array, so each new state is enqueued once, by its earliest parent.
 The queue therefore stays sorted by depth and the first solved state dequeued is an optimal solution.
 Parent codes double as the back pointers of the move sequence.
 
@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 
 import jax
-from jax.custom_batching import custom_vmap
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 
 from environments.sokoban import dynamics
 
@@ -55,7 +55,7 @@ class Solver:
         self.num_box_sets = math.comb(self.num_interior, num_boxes)
         self.num_states = self.num_interior * self.num_box_sets
         if self.num_states >= _UNVISITED // 8:
-            raise ValueError(f"Solver: {self.num_states} states for {height}x{width} with {num_boxes} boxes is too many")
+            raise ValueError(f"Solver: {self.num_states} states ({height}x{width}, {num_boxes} boxes) are too many")
         self.queue_capacity = self.num_states if queue_capacity is None else min(queue_capacity, self.num_states)
         if self.queue_capacity < 1:
             raise ValueError(f"Solver: queue_capacity must be >= 1, got {queue_capacity}")
@@ -146,7 +146,8 @@ class Solver:
 
         on_target = jnp.take_along_axis(fixed.reshape(num_slots, -1), boxes, axis=1) == dynamics.TARGET
         solved = live & jnp.all(on_target, axis=-1)
-        first_solved = jnp.full((batch,), _UNVISITED, jnp.int32).at[room_of].min(jnp.where(solved, position, _UNVISITED))
+        first_solved = jnp.full((batch,), _UNVISITED, jnp.int32)
+        first_solved = first_solved.at[room_of].min(jnp.where(solved, position, _UNVISITED))
         found = first_solved < _UNVISITED
 
         def successor(room_fixed, player, box_cells, direction):

@@ -168,6 +168,20 @@ def test_solutions_replay_to_solved_exactly_at_the_end(generated, replay_jit):
     assert (final_reward >= 10.9 - 1e-5).all()
 
 
+HAND_MADE_SOLVER = {  # (room, optimal number of moves, optimal moves if unique)
+    "6x6x1": [
+        ("######\n#X___#\n#__O_#\n#_P__#\n#____#\n######", -1, None),  # box stuck in a corner
+        ("######\n#√___#\n#____#\n#_P__#\n#____#\n######", 0, []),  # already solved
+        ("######\n#_O__#\n#_X__#\n#__P_#\n#____#\n######", 2, [2, 0]),  # Left, Up
+    ],
+    "8x8x2": [
+        ("########\n#X_____#\n#___O__#\n#__P___#\n#___X_O#\n#______#\n#______#\n########", -1, None),
+        ("########\n#______#\n#_√____#\n#__P___#\n#___√__#\n#______#\n#______#\n########", 0, []),
+        ("########\n#PX_O__#\n#______#\n#______#\n#__X___#\n#__O___#\n#______#\n########", 5, [3, 3, 1, 1, 1]),
+    ],
+}
+
+
 def test_solver_is_optimal_against_python_bfs(generated):
     name, _, levels = generated
     height, width, num_boxes, _ = GEOMETRIES[name]
@@ -175,10 +189,17 @@ def test_solver_is_optimal_against_python_bfs(generated):
     codes = codes_of(sample)
     expected = [python_bfs(c) for c in codes]
     assert list(np.asarray(levels.num_moves)[:30]) == expected  # the generator's capped solver
+    hand_made = [dynamics.room_from_text(text) for text, _, _ in HAND_MADE_SOLVER[name]]
+    assert [python_bfs(np_codes(room)) for room in hand_made] == [n for _, n, _ in HAND_MADE_SOLVER[name]]
+    rooms = jax.tree.map(lambda x, *h: jnp.concatenate([x, jnp.stack(h)]), sample, *hand_made)
     exact = Solver(height, width, num_boxes, max_moves=MAX_MOVES)
-    num_moves, moves = jax.jit(jax.vmap(exact))(sample)
-    assert list(np.asarray(num_moves)) == expected
-    assert np.array_equal(np.asarray(moves)[:, :5] >= 0, np.arange(5)[None] < np.asarray(num_moves)[:, None])
+    num_moves, moves = jax.device_get(jax.jit(jax.vmap(exact))(rooms))
+    assert list(num_moves) == expected + [n for _, n, _ in HAND_MADE_SOLVER[name]]
+    steps = np.arange(MAX_MOVES)[None]
+    assert np.array_equal(moves >= 0, steps < num_moves[:, None])
+    for (_, _, solution), row in zip(HAND_MADE_SOLVER[name], moves[30:]):
+        if solution is not None:
+            assert list(row[: len(solution)]) == solution
 
 
 def test_min_solution_length_and_determinism(generated):
@@ -271,18 +292,6 @@ def test_hand_made_rewards(num_boxes):
         assert solved[i] == done == gym_solved and moved[i] == did_move == gym_moved, text
         expected = np.where((gym.room_state == 5) & (gym.room_fixed == 2), 6, gym.room_state)
         assert np.array_equal(np_codes(take(new_rooms, i)), expected), text
-
-
-def test_solver_hand_made_rooms():
-    solver = jax.jit(Solver(6, 6, 1, max_moves=MAX_MOVES))
-    corner = dynamics.room_from_text("######\n#X___#\n#__O_#\n#_P__#\n#____#\n######")
-    solved = dynamics.room_from_text("######\n#√___#\n#____#\n#_P__#\n#____#\n######")
-    around = dynamics.room_from_text("######\n#_O__#\n#_X__#\n#__P_#\n#____#\n######")
-    assert int(solver(corner)[0]) == -1
-    num_moves, moves = solver(solved)
-    assert int(num_moves) == 0 and (np.asarray(moves) == -1).all()
-    num_moves, moves = solver(around)
-    assert int(num_moves) == 2 and list(np.asarray(moves)[:3]) == [2, 0, -1]  # Left, Up
 
 
 def test_state_index_round_trip():

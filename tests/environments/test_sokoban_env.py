@@ -66,7 +66,7 @@ def sokoban(builtin_tokenizer):
 def oracle_episodes(sokoban):
     """Play every level with the oracle's answers; keep (obs, state) of every turn."""
     env, _, step, obs, state = sokoban
-    optimal, _ = jax.jit(jax.vmap(env.solve))(state)
+    optimal, _ = env.solve_batch(state)
     rng = np.random.default_rng(0)
     trace, total, turns = [(obs, state)], np.zeros(B), np.zeros(B, int)
     keys = jax.random.split(jax.random.key(0), B)
@@ -115,7 +115,7 @@ def test_min_solution_length_param(sokoban):
     env, reset, *_ = sokoban
     params = env.default_params.replace(min_solution_length=jnp.int32(6))
     _, state = reset(jax.random.split(jax.random.key(11), B), params)
-    num_moves, _ = jax.jit(jax.vmap(env.solve))(state)
+    num_moves, _ = env.solve_batch(state)
     fallback, _ = fallback_room(6, 6, 1)
     is_fallback = (np.asarray(state.env.room.fixed) == np.asarray(fallback.fixed)).all((1, 2))
     assert ((np.asarray(num_moves) >= 6) | is_fallback).all() and (~is_fallback).mean() > 0.25
@@ -158,7 +158,8 @@ def test_random_answers_follow_gym_rules_and_keep_invariants(sokoban, seed):
             assert np.array_equal(after_codes[i], expected), texts[i]
             assert np.isclose(float(reward[i]), expected_reward, atol=1e-5) and bool(info["format_ok"][i]) == format_ok
             if int(info["num_actions"][i]) == 0:  # nothing valid: the state is untouched
-                assert all(np.array_equal(a[i], b[i]) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.env)))
+                pairs = zip(jax.tree.leaves(before), jax.tree.leaves(state.env))
+                assert all(np.array_equal(a[i], b[i]) for a, b in pairs)
         for c, ok in zip(after_codes, np.asarray(info["success"])):
             assert np.isin(c, (3, 4)).sum() == env.num_boxes  # box count constant
             assert np.isin(c, (5, 6)).sum() == 1  # one player, never on a wall (its cell shows P or S)
@@ -218,15 +219,16 @@ def test_larger_sokoban_two_boxes(builtin_tokenizer, bpe_tokenizer):
     codes = host_codes(states)
     assert env.render_texts(states) == [reference_text(c) for c in codes]
     bpe_env = environments.make("larger_sokoban", bpe_tokenizer)[0]
-    assert decoded(bpe_tokenizer, jax.vmap(bpe_env.render)(states.env)) == [reference_text(c) for c in codes]
-    num_moves, moves = jax.jit(jax.vmap(env.solve))(states)
+    assert decoded(bpe_tokenizer, jax.jit(jax.vmap(bpe_env.render))(states.env)) == [reference_text(c) for c in codes]
+    num_moves, moves = env.solve_batch(states)
     assert list(np.asarray(num_moves)) == [python_bfs(c) for c in codes]
     # the solution executed through step (two actions per turn) solves both rooms
     step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, 0, None)))
     moves = np.asarray(moves)
     state, keys = states.replace(actions_left=jnp.full((2,), 100, jnp.int32)), jax.random.split(jax.random.key(0), 2)
     for turn in range(math.ceil(int(num_moves.max()) / 2)):
-        answers = [" || ".join(dynamics.ACTION_WORDS[m] for m in row[2 * turn : 2 * turn + 2] if m >= 0) for row in moves]
+        words = [[dynamics.ACTION_WORDS[m] for m in row[2 * turn : 2 * turn + 2] if m >= 0] for row in moves]
+        answers = [" || ".join(w) for w in words]
         texts = [f"<think>push</think><answer>{a}</answer>" for a in answers]
         obs, state, reward, done, info = step(keys, state, *encode(env.tokenizer, texts), params)
     assert np.asarray(info["success"]).all() and np.asarray(done).all()
