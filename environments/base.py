@@ -105,6 +105,7 @@ class TextEnv:
         max_actions_per_turn: int = 2,
         max_actions_per_traj: int = 10,
         enable_think: bool = True,
+        max_answer_bytes: int = 64,
     ):
         if max_actions_per_traj < 1:
             raise ValueError(f"max_actions_per_traj must be >= 1, got {max_actions_per_traj}")
@@ -118,7 +119,8 @@ class TextEnv:
         self.max_actions_per_turn = int(max_actions_per_turn)
         self.max_actions_per_traj = int(max_actions_per_traj)
         self.enable_think = bool(enable_think)
-        self.parse = ResponseParser(tokenizer, self.action_words, self.max_actions_per_turn, self.enable_think)
+        self.parse = ResponseParser(tokenizer, self.action_words, self.max_actions_per_turn, self.enable_think,
+                                    max_answer_bytes=max_answer_bytes)
         self._host_pieces = jax.jit(self.observation_pieces)
         self._host_pieces_batch = jax.jit(jax.vmap(self.observation_pieces))
 

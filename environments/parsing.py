@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from environments.pieces import FlatRows, Tokenizer, concat_rows
+from environments.pieces import FlatRows, Tokenizer, concat_rows, prefix_max, prefix_sum
 
 SPECIAL_STRINGS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
 _WHITESPACE = tuple(ord(c) for c in " \t\n\r\x0b\x0c")
@@ -108,7 +108,8 @@ class ResponseParser:
       max_actions: M, the number of `||`-parts kept (max_actions_per_turn).
       enable_think: parse `<think>..</think><answer>..</answer>` (True) or `<answer>..</answer>` alone.
       bytes_per_token: the byte buffer holds `R * min(this, longest token)` bytes for R tokens.
-      max_answer_bytes: A, the answer buffer size.
+      max_answer_bytes: A, the answer buffer size (answers are short: actions, an expression, a number;
+        only their first A bytes count).
     """
 
     def __init__(
@@ -118,7 +119,7 @@ class ResponseParser:
         max_actions: int,
         enable_think: bool = True,
         bytes_per_token: int = 8,
-        max_answer_bytes: int = 256,
+        max_answer_bytes: int = 64,
     ):
         if max_actions < 1 or max_answer_bytes < 1:
             raise ValueError(f"max_actions and max_answer_bytes must be >= 1, got {max_actions}, {max_answer_bytes}")
@@ -183,7 +184,7 @@ class ResponseParser:
             t0 = _first(_find(words, n, "<think>")) + len("<think>")
             # `</think>\s*<answer>`: the last non-whitespace byte before each <answer> ends a </think>
             nonws = ~_is_ws(buf)
-            last_nonws = jax.lax.cummax(jnp.where(nonws, pos, -1))
+            last_nonws = prefix_max(jnp.where(nonws, pos, -1))
             before = _shift(last_nonws, 1, -1)  # last non-whitespace strictly before p
             close_think = _find(words, n, "</think>")
             ends_close = _shift(close_think, len("</think>") - 1, False)  # True at the last byte of a </think>
@@ -203,7 +204,7 @@ class ResponseParser:
 
     def _clean_answer(self, buf, a0, a1, found):
         """The first A bytes of buf[a0:a1] without the special strings, at the front: (u8[A], length)."""
-        size = self.max_answer_bytes
+        size = min(self.max_answer_bytes, buf.shape[0])
         window = jax.lax.dynamic_slice(jnp.concatenate([buf, jnp.zeros((size,), buf.dtype)]), (a0,), (size,))
         length = jnp.where(found, jnp.clip(a1 - a0, 0, size), 0)
         words = _words(window)
@@ -212,30 +213,38 @@ class ResponseParser:
         for s in SPECIAL_STRINGS:
             hit = _find(words, length, s).astype(jnp.int32)
             marks += hit - _shift(hit, len(s), 0)
-        keep = (jnp.arange(size) < length) & (jnp.cumsum(marks) == 0)
-        target = jnp.where(keep, jnp.cumsum(keep) - 1, size)
+        keep = (jnp.arange(size) < length) & (prefix_sum(marks) == 0)
+        target = jnp.where(keep, prefix_sum(keep.astype(jnp.int32)) - 1, size)
         out = jnp.zeros((size,), jnp.uint8).at[target].set(window, mode="drop")
         return out, keep.sum().astype(jnp.int32)
 
     def _parts(self, ans, k):
-        """Spans of the first M non-empty stripped `||`-parts of ans[:k] and their count (<= M)."""
+        """Spans of the first M non-empty stripped `||`-parts of ans[:k] and their count (<= M).
+
+        One pass finds the separators (a run of n bars holds n // 2 of them, left to right, like
+        `str.split`); then M rounds each take the first content byte after a cursor, the next separator
+        after it and the last content byte before that separator.
+        """
         size = ans.shape[0]
         pos = jnp.arange(size)
         inside = pos < k
         bar = (ans == ord("|")) & inside
-        run_start = jax.lax.cummax(jnp.where(bar, 0, pos + 1))
+        run_start = prefix_max(jnp.where(bar, 0, pos + 1))
         sep = bar & _shift(bar, -1, False) & ((pos - run_start) % 2 == 0)
-        in_sep = sep | _shift(sep, 1, False)
-        part = jnp.cumsum(sep) - sep
-        content = inside & ~in_sep & ~_is_ws(ans)
-        prev_part = _shift(jax.lax.cummax(jnp.where(content, part, -1)), 1, -1)
-        next_part = _shift(jax.lax.cummin(jnp.where(content, part, size + 1), reverse=True), -1, size + 1)
-        first = content & (part > prev_part)
-        last = content & (part < next_part)
-        m = self.max_actions
-        starts = jnp.zeros((m,), jnp.int32).at[jnp.where(first, jnp.cumsum(first) - 1, m)].set(pos, mode="drop")
-        ends = jnp.zeros((m,), jnp.int32).at[jnp.where(last, jnp.cumsum(last) - 1, m)].set(pos + 1, mode="drop")
-        return starts, ends, jnp.minimum(first.sum(), m).astype(jnp.int32)
+        content = inside & ~(sep | _shift(sep, 1, False)) & ~_is_ws(ans)
+        starts, ends = [], []
+        cursor = jnp.int32(0)
+        for _ in range(self.max_actions):
+            start = _first(content & (pos >= cursor))
+            boundary = _first(sep & (pos > start))  # size when the part runs to the end
+            end = jnp.max(jnp.where(content & (pos < boundary), pos, -1)) + 1
+            starts.append(start)
+            ends.append(end)
+            cursor = boundary + 2
+        starts, ends = jnp.stack(starts), jnp.stack(ends)
+        present = starts < size
+        num = present.sum().astype(jnp.int32)
+        return jnp.where(present, starts, 0), jnp.where(present, ends, 0), num
 
     def _match_words(self, ans, starts, ends, num):
         """i32[M] action word index per part (-1 when unknown or absent)."""

@@ -65,6 +65,17 @@ class FlatRows:
         return cls(values=jnp.asarray(flat), offsets=jnp.asarray(offsets), lengths=jnp.asarray(lengths))
 
 
+def prefix_sum(x: jnp.ndarray) -> jnp.ndarray:
+    """Inclusive prefix sum over the last axis (an associative scan: several times faster on CPU than
+    `jnp.cumsum`, which lowers to a reduce-window)."""
+    return jax.lax.associative_scan(jnp.add, x, axis=-1)
+
+
+def prefix_max(x: jnp.ndarray, reverse: bool = False) -> jnp.ndarray:
+    """Inclusive running maximum over the last axis (from the end when `reverse`)."""
+    return jax.lax.associative_scan(jnp.maximum, x, reverse=reverse, axis=-1)
+
+
 def concat_rows(rows: FlatRows, row_ids: jnp.ndarray, capacity: int, fill) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Concatenate `rows[row_ids[0]] + rows[row_ids[1]] + ...` into a fixed-capacity array.
 
@@ -78,21 +89,20 @@ def concat_rows(rows: FlatRows, row_ids: jnp.ndarray, capacity: int, fill) -> tu
       (S for positions past the end), used to map byte positions back to token positions.
     """
     lengths = rows.lengths[row_ids]
-    ends = jnp.cumsum(lengths)
+    ends = prefix_sum(lengths)
     starts = ends - lengths
     total = ends[-1]
-    # slot of each output position: at the start of every non-empty row add the slot-index step from the
-    # previous non-empty row, then a prefix sum (cheaper than a binary search per position)
     num_slots = row_ids.shape[0]
+    pos = jnp.arange(capacity, dtype=jnp.int32)
+    # the row holding each position: at the start of every non-empty row add the slot-index step from the
+    # previous non-empty row, then a prefix sum (much cheaper than a binary search per position)
     slots = jnp.arange(num_slots, dtype=jnp.int32)
     nonempty = lengths > 0
-    previous = jax.lax.cummax(jnp.where(nonempty, slots, -1))
-    previous = jnp.concatenate([jnp.full((1,), -1, jnp.int32), previous[:-1]])
+    previous = jnp.concatenate([jnp.full((1,), -1, jnp.int32), prefix_max(jnp.where(nonempty, slots, -1))[:-1]])
     marks = jnp.zeros((capacity + 1,), jnp.int32).at[jnp.where(nonempty, starts, capacity)].add(
         jnp.where(nonempty, slots - previous, 0), mode="drop"
     )
-    slot = jnp.clip(jnp.cumsum(marks[:capacity]) - 1, 0, num_slots - 1)
-    pos = jnp.arange(capacity, dtype=jnp.int32)
+    slot = jnp.clip(prefix_sum(marks[:capacity]) - 1, 0, num_slots - 1)
     inside = pos < total
     flat_index = rows.offsets[row_ids[slot]] + pos - starts[slot]
     values = rows.values[jnp.clip(flat_index, 0, rows.values.shape[0] - 1)]

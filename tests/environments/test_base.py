@@ -88,7 +88,9 @@ def simulate(pos, actions_left, done, parts, goal_reward=1.0):
 
 
 @pytest.fixture(scope="module")
-def line(tokenizer):
+def line(builtin_tokenizer):
+    """Line with the built-in tokenizer (the BPE path of rendering and parsing is tested elsewhere)."""
+    tokenizer = builtin_tokenizer
     env = Line(tokenizer, max_actions_per_traj=BUDGET)
     return env, jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, 0, None))), jax.jit(jax.vmap(env.reset, (0, None)))
 
@@ -102,8 +104,9 @@ def encode_batch(tokenizer, texts):
     return jnp.asarray(tokens), jnp.asarray(lengths)
 
 
-def test_render_decodes_to_render_text(line, tokenizer):
-    env, _, reset = line
+def test_render_decodes_to_render_text(tokenizer):
+    env = Line(tokenizer, max_actions_per_traj=BUDGET)
+    reset = jax.jit(jax.vmap(env.reset, (0, None)))
     obs, state = reset(jax.random.split(jax.random.key(0), 16), env.default_params)
     for i in range(16):
         s = jax.tree.map(lambda x: x[i], state)
@@ -113,8 +116,9 @@ def test_render_decodes_to_render_text(line, tokenizer):
         assert (np.asarray(obs.tokens[i, obs.length[i]:]) == tokenizer.pad_id).all()
 
 
-def test_turns_follow_the_python_rules(line, tokenizer):
+def test_turns_follow_the_python_rules(line, builtin_tokenizer):
     env, step, _ = line
+    tokenizer = builtin_tokenizer
     rng = np.random.default_rng(1)
     n = 48
     pos = rng.integers(0, SIZE, n)
@@ -180,7 +184,8 @@ class Echo(TextEnv):
         return s.replace(solved=right), jnp.where(right, params.goal_reward, 0.0), right, valid, right
 
 
-def test_free_text_answers(tokenizer):
+def test_free_text_answers(builtin_tokenizer):
+    tokenizer = builtin_tokenizer
     env = Echo(tokenizer, enable_think=False)
     step = jax.jit(jax.vmap(env.step, in_axes=(None, None, 0, 0, None)))
     _, state = env.reset(jax.random.key(3), env.default_params)
