@@ -29,6 +29,8 @@ the first `response_len` count. `reward` f32[], `done` bool[] (terminated, or th
     terminated            the env reached a terminal state (not the budget)
 
 A turn with no valid action leaves the state exactly unchanged. Stepping a done state executes nothing.
+Action k of a turn gets the key `jax.random.split(key, max_actions_per_turn)[k]` (a free-text answer
+gets `key` itself); nothing else draws from `key`.
 
 Subclass contract (how Sokoban, Countdown, Arithmetic, ... plug in)
 -------------------------------------------------------------------
