@@ -45,7 +45,9 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
                     reasoning_len: jax.Array, temperature=1.0, *, columns_per_step: int = 1):
     """Prefix-cached cross log-probs (see module docstring); returns (logp_mean, logp_sum) float32[R, C].
 
-    columns_per_step: prompts scored together in one vectorised step (memory grows with it).
+    columns_per_step: prompts scored together in one vectorised step (memory grows with it). With 1 (the
+      default) a column whose prompt length is 0 costs nothing and scores 0: callers pass 0 for columns they
+      do not need (invalid or duplicate prompts).
     """
     _check(prompts, prompt_len, reasoning, reasoning_len)
     num_cols, max_prompt = prompts.shape
@@ -58,7 +60,7 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
     last = jnp.take_along_axis(hidden, jnp.maximum(prompt_len - 1, 0)[:, None, None], axis=1)[:, 0]
     first_logits = transformer.logits_from_hidden(config, params, last)  # [C, V]: predicts reasoning token 0
 
-    def score_column(j):
+    def score(j):
         rows = kv.take_rows(cache, jnp.full((num_rows,), j, jnp.int32))
         h, _ = transformer.hidden_states_with_cache(config, params, reasoning, rows, num_new=reasoning_len)
         # logits at reasoning token t predict token t + 1; the prompt's last logits predict token 0
@@ -68,7 +70,11 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
                                  reasoning[:, 0], temperature)
         return _reduce(jnp.concatenate([first[:, None], rest], axis=1), reasoning_len)
 
-    mean, total = jax.lax.map(score_column, jnp.arange(num_cols), batch_size=columns_per_step if columns_per_step > 1 else None)
+    if columns_per_step > 1:
+        mean, total = jax.lax.map(score, jnp.arange(num_cols), batch_size=columns_per_step)
+    else:  # one column at a time: columns with an empty prompt are skipped, not computed
+        empty = lambda j: (jnp.zeros((num_rows,), jnp.float32),) * 2  # noqa: E731
+        mean, total = jax.lax.map(lambda j: jax.lax.cond(prompt_len[j] > 0, score, empty, j), jnp.arange(num_cols))
     return mean.T, total.T
 
 

@@ -18,7 +18,9 @@ An empty bucket reports NaN norms, losses and RV stats with sample_count 0 (RAGE
 
 Differences from RAGEN: one gradient per bucket over all its rows instead of the mean of per-minibatch norms
 (the norm of the bucket's mean gradient, as in E.2's ||sum_x g_task(x)||), and no trailing-row trimming for
-data-parallel divisibility. One forward pass serves every bucket and component (a VJP per gradient).
+data-parallel divisibility. Cost: one chunked forward over the batch gives every loss term; each bucket's
+backward then runs only on its own rows (chunks of `chunk_rows`), its three components as one batched
+backward, so the whole analysis costs about two forward + 3-component backward passes over the batch.
 """
 from __future__ import annotations
 
@@ -112,44 +114,82 @@ def _component_losses(logp, entropy, batch: GradBatch, mask, hyper: LossHyper, a
     return jnp.stack([task, ent, kl])
 
 
-def _forward(logits_fn: LogitsFn, params, batch: GradBatch, temperature):
-    """One forward: (logp, entropy) f32[B, L-1] and the pullback from their cotangents to a params gradient."""
-    logits, params_vjp = jax.vjp(
-        lambda p: logits_fn(p, batch.tokens, batch.positions, batch.attention_mask)[:, :-1], params)
-    (logp, entropy), logits_vjp = jax.vjp(
-        lambda lg: losses.logprobs_and_entropy(lg, batch.tokens[:, 1:], temperature), logits)
-    return logp, entropy, lambda cotangents: params_vjp(logits_vjp(cotangents)[0])[0]
+def _chunk_outputs(logits_fn: LogitsFn, params, batch: GradBatch, rows: jax.Array, temperature):
+    """(logp, entropy) f32[m, L-1] of the batch rows `rows` int32[m]."""
+    tokens = batch.tokens[rows]
+    logits = logits_fn(params, tokens, batch.positions[rows], batch.attention_mask[rows])[:, :-1]
+    return losses.logprobs_and_entropy(logits, tokens[:, 1:], temperature)
 
 
-def _bucket_gradients(forward, batch: GradBatch, rows, hyper: LossHyper, agg_mode: str, kl_type: str):
-    """(terms f32[3], [g_task, g_entropy, g_kl] param trees, loss tokens) on the rows weighted by `rows` f32[B]."""
-    logp, entropy, pullback = forward
+def _all_outputs(logits_fn, params, batch: GradBatch, temperature, chunk_rows: int):
+    """(logp, entropy) f32[B, L-1] for the whole batch, `chunk_rows` rows at a time."""
+    num_rows, width = batch.tokens.shape[0], batch.tokens.shape[1] - 1
+    chunks = jnp.arange(num_rows, dtype=jnp.int32).reshape(-1, chunk_rows)
+    logp, entropy = jax.lax.map(lambda rows: _chunk_outputs(logits_fn, params, batch, rows, temperature), chunks)
+    return logp.reshape(num_rows, width), entropy.reshape(num_rows, width)
+
+
+def _bucket_gradients(logits_fn, params, batch: GradBatch, outputs, rows, hyper: LossHyper, agg_mode: str,
+                      kl_type: str, chunk_rows: int):
+    """(terms f32[3], [g_task, g_entropy, g_kl], loss tokens) on the rows weighted by `rows` f32[B].
+
+    The loss terms and their cotangents w.r.t. (logp, entropy) come from the whole-batch outputs (cheap);
+    the backward through the model then runs only on the bucket's own rows, gathered `chunk_rows` at a
+    time (a while loop of ceil(#rows / chunk_rows) steps), the three components as one batched backward.
+    """
+    logp, entropy = outputs
     mask = batch.loss_mask.astype(jnp.float32) * rows[:, None]
     terms, per_term = jax.vjp(
         lambda lp, ent: _component_losses(lp, ent, batch, mask, hyper, agg_mode, kl_type), logp, entropy)
-    stacked = jax.vmap(pullback)(jax.vmap(per_term)(jnp.eye(3, dtype=jnp.float32)))  # one batched backward
+    cotangents = jax.vmap(per_term)(jnp.eye(3, dtype=jnp.float32))  # ([3, B, L-1], [3, B, L-1])
+    num_rows = rows.shape[0]
+    order = jnp.argsort(rows == 0, stable=True).astype(jnp.int32)  # the bucket's rows first
+    count = jnp.sum(rows > 0)
+
+    def add_chunk(c, acc):
+        slot = c * chunk_rows + jnp.arange(chunk_rows)
+        ids = order[jnp.minimum(slot, num_rows - 1)]
+        weight = (slot < count).astype(jnp.float32)[None, :, None]  # clamped duplicates weigh 0
+        _, pullback = jax.vjp(lambda p: _chunk_outputs(logits_fn, p, batch, ids, hyper.temperature), params)
+        grads = jax.vmap(pullback)(jax.tree.map(lambda g: g[:, ids] * weight, cotangents))[0]
+        return jax.tree.map(jnp.add, acc, grads)
+
+    zeros = jax.tree.map(lambda x: jnp.zeros((3,) + x.shape, jnp.float32), params)
+    stacked = jax.lax.fori_loop(0, (count + chunk_rows - 1) // chunk_rows, add_chunk, zeros)
     grads = [jax.tree.map(lambda g, c=c: g[c], stacked) for c in range(3)]
     return terms, grads, jnp.sum(mask)
 
 
+def _check_chunk(batch: GradBatch, chunk_rows: int) -> int:
+    num_rows = batch.tokens.shape[0]
+    chunk_rows = min(chunk_rows, num_rows)
+    if chunk_rows < 1 or num_rows % chunk_rows:
+        raise ValueError(f"chunk_rows = {chunk_rows} is invalid: it must divide the batch of {num_rows} rows")
+    return chunk_rows
+
+
 def component_gradients(logits_fn: LogitsFn, params, batch: GradBatch, hyper: LossHyper, rows: jax.Array, *,
-                        agg_mode: str, kl_type: str = "kl"):
+                        agg_mode: str, kl_type: str = "kl", chunk_rows: int = 16):
     """The gradients of the task, entropy and KL terms on the rows selected by `rows` (bool/f32[B]).
 
     Returns (terms f32[3], [g_task, g_entropy, g_kl]) with each gradient shaped like `params`.
     """
-    forward = _forward(logits_fn, params, batch, hyper.temperature)
-    terms, grads, _ = _bucket_gradients(forward, batch, rows.astype(jnp.float32), hyper, agg_mode, kl_type)
+    chunk_rows = _check_chunk(batch, chunk_rows)
+    outputs = _all_outputs(logits_fn, params, batch, hyper.temperature, chunk_rows)
+    terms, grads, _ = _bucket_gradients(logits_fn, params, batch, outputs, rows.astype(jnp.float32), hyper,
+                                        agg_mode, kl_type, chunk_rows)
     return terms, grads
 
 
 def gradient_analysis(logits_fn: LogitsFn, params, batch: GradBatch, hyper: LossHyper, *, agg_mode: str,
                       kl_type: str = "kl", bucket_mode: str = "quantile", num_buckets: int = 6,
-                      prefix: str = "grad_norm") -> dict:
+                      chunk_rows: int = 16, prefix: str = "grad_norm") -> dict:
     """Per-bucket, per-component gradient norms and RV statistics (see module docstring). Jittable.
 
+    chunk_rows: rows per forward/backward chunk (memory grows with it); must divide the batch.
     Returns a dict of f32 scalars keyed `{prefix}/{bucket}/...` for bucket in `all`, `bucket_1..n`.
     """
+    chunk_rows = _check_chunk(batch, chunk_rows)
     num_groups = batch.group_rv.shape[0]
     row_valid = batch.row_valid.astype(bool)
     group_valid = jnp.zeros((num_groups,), bool).at[batch.group_ids].max(row_valid)
@@ -157,10 +197,11 @@ def gradient_analysis(logits_fn: LogitsFn, params, batch: GradBatch, hyper: Loss
     names = ("all",) + tuple(f"bucket_{b + 1}" for b in range(num_buckets))
     group_in = jnp.stack([group_valid] + [group_bucket == b for b in range(num_buckets)])  # [K, G]
     in_bucket = group_in[:, batch.group_ids] & row_valid[None, :]  # [K, B]
-    forward = _forward(logits_fn, params, batch, hyper.temperature)
+    outputs = _all_outputs(logits_fn, params, batch, hyper.temperature, chunk_rows)
 
     def per_bucket(rows):
-        terms, grads, tokens = _bucket_gradients(forward, batch, rows, hyper, agg_mode, kl_type)
+        terms, grads, tokens = _bucket_gradients(logits_fn, params, batch, outputs, rows, hyper, agg_mode, kl_type,
+                                                 chunk_rows)
         norms = jnp.stack([_global_norm(g) for g in grads])
         reg = _global_norm(jax.tree.map(jnp.add, grads[1], grads[2]))
         return terms, norms, reg, jnp.sum(rows), tokens

@@ -33,6 +33,7 @@ FIRST_TURN = "collapse_first_turn_sample"
 TRAJECTORY = "collapse_trajectory_sample"
 
 # (prompts int32[C, P], prompt_len int32[C], reasoning int32[R, Z], reasoning_len int32[R]) -> (logp_mean, logp_sum)
+# f32[R, C]; columns passed with prompt_len 0 are not needed (their scores are ignored) and may be skipped.
 ScoreFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
@@ -182,12 +183,16 @@ def prompt_signatures(prompts: jax.Array, valid: jax.Array) -> jax.Array:
 
 # ------------------------------------------------------------------------------------------------ one step
 def _family_metrics(score_fn, spans, pairs, ema, prompt_width, reason_width, std_eps, ema_decay, col_valid=None):
+    col_valid = pairs.col_valid if col_valid is None else col_valid
     prompts, prompt_len = gather_prompts(spans.tokens, pairs.prompt_traj, pairs.prompt_len, prompt_width)
+    signature = prompt_signatures(prompts, col_valid)
     reasoning = gather_reasoning(spans.tokens, pairs.reason_traj, pairs.reason_start, reason_width)
     reason_len = jnp.where(pairs.row_valid, jnp.minimum(pairs.reason_len, reason_width), 0)
-    logp_mean, logp_sum = score_fn(jnp.maximum(prompts, 0), prompt_len, reasoning, reason_len)
-    col_valid = pairs.col_valid if col_valid is None else col_valid
-    return collapse.collapse_metrics(logp_mean, logp_sum, pairs.true_col, prompt_signatures(prompts, col_valid),
+    # score each distinct valid prompt once (length 0 = skipped), then copy it to its duplicate columns
+    first_of_kind = col_valid & (signature == jnp.arange(signature.shape[0]))
+    logp_mean, logp_sum = score_fn(jnp.maximum(prompts, 0), jnp.where(first_of_kind, prompt_len, 0), reasoning,
+                                   reason_len)
+    return collapse.collapse_metrics(logp_mean[:, signature], logp_sum[:, signature], pairs.true_col, signature,
                                      pairs.row_valid, ema, col_valid=col_valid, std_eps=std_eps, ema_decay=ema_decay)
 
 

@@ -50,6 +50,11 @@ def test_prefix_cache_matches_naive(params, seed):
     if seed == 0:
         batched_mean, _ = _cached_batched(params, *args, TEMPERATURE)
         assert float(jnp.max(jnp.abs(batched_mean - mean))) < 1e-5
+    if seed == 1:  # a column passed with prompt length 0 is skipped (zeros); the others are unchanged
+        skipped_mean, skipped_total = _cached(params, args[0], args[1].at[2].set(0), *args[2:], TEMPERATURE)
+        assert float(jnp.max(jnp.abs(skipped_total[:, 2]))) == 0.0
+        keep = np.arange(COLS) != 2
+        assert float(jnp.max(jnp.abs(skipped_mean[:, keep] - mean[:, keep]))) == 0.0
 
 
 def test_matches_unpadded_per_pair_forward(params):

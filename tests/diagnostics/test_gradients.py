@@ -113,8 +113,11 @@ def _total_loss(params, batch, rows):
 _total_value_and_grad = jax.jit(jax.value_and_grad(_total_loss, has_aux=True))
 
 
-_components = jax.jit(functools.partial(gradients.component_gradients, _logits_fn, agg_mode=AGG, kl_type=KL))
-_analysis = jax.jit(functools.partial(gradients.gradient_analysis, _logits_fn, agg_mode=AGG, kl_type=KL))
+# 2-row chunks: buckets of 3 rows span two chunks, the second one partly padded
+_components = jax.jit(functools.partial(gradients.component_gradients, _logits_fn, agg_mode=AGG, kl_type=KL,
+                                        chunk_rows=2))
+_analysis = jax.jit(functools.partial(gradients.gradient_analysis, _logits_fn, agg_mode=AGG, kl_type=KL,
+                                      chunk_rows=2))
 
 
 def _norm(tree):
