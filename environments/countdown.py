@@ -234,6 +234,8 @@ class Countdown(TextEnv):
         question += (n - 1) * pieces.token_len(", ")
         feedback = sum(pieces.token_len(t) for t in ("Your answer get ", " points."))
         feedback += pieces.max_len(self._reward_texts)
+        # one byte past the capacity, so an over-long answer shows as longer than `cap` and scores 0
+        kwargs.setdefault("max_answer_bytes", self.answer_capacity + 1)
         super().__init__(tokenizer, pieces=pieces, action_words=(), obs_capacity=max(question, feedback),
                          instruction=INSTRUCTION, max_actions_per_traj=max_actions_per_traj, **kwargs)
 
