@@ -26,6 +26,16 @@ TEST_REQUIRES = [
     "hypothesis==6.170.15",
     "torch==2.13.0",  # exactly: an unpinned torch pulls a multi-GB GPU build
     "transformers==5.23.0",
+    "gymnasium==1.3.0",  # FrozenLake-v1 reference semantics
+]
+
+# Python peers the benchmarks in experiments/benchmarks/ run side by side with ours.
+BENCH_REQUIRES = [
+    "gym-sokoban==0.0.6",
+    "gym==0.26.2",
+    "gym_notices==0.1.0",
+    "imageio==2.38.1",
+    "setuptools==80.9.0",  # gym-sokoban imports pkg_resources
 ]
 
 setup(
@@ -37,5 +47,5 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["ragen_jax", "ragen_jax.*", "environments", "environments.*", "configs", "configs.*"]),
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "bench": TEST_REQUIRES + BENCH_REQUIRES},
 )
