@@ -6,6 +6,8 @@ Every function works on one room; `jax.vmap` batches them.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,12 +49,13 @@ def row_col(cell: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
     return jax.lax.div(cell, jnp.int32(width)), jax.lax.rem(cell, jnp.int32(width))
 
 
-def neighbour(fixed: jax.Array, cell: jax.Array, direction: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The cell one step from `cell` in `direction` (0..3) and whether it lies inside the grid.
+def neighbour(shape: tuple[int, int], cell: jax.Array, direction: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The cell one step from `cell` in `direction` (0..3) on a grid of `shape` (H, W), and whether it
+    lies inside the grid.
 
     Returns (flat index int32 clipped into the grid, inside bool).
     """
-    height, width = fixed.shape
+    height, width = shape
     delta = jnp.asarray(DIRECTIONS)[direction]
     row, col = row_col(cell, width)
     row, col = row + delta[0], col + delta[1]
@@ -60,23 +63,30 @@ def neighbour(fixed: jax.Array, cell: jax.Array, direction: jax.Array) -> tuple[
     return jnp.clip(row, 0, height - 1) * width + jnp.clip(col, 0, width - 1), inside
 
 
-def move(room: Room, direction: jax.Array) -> tuple[Room, jax.Array]:
+def push(is_wall: Callable[[jax.Array], jax.Array], shape: tuple[int, int], player: jax.Array, boxes: jax.Array,
+         direction: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """gym-sokoban's push action: walk one cell, pushing a box ahead if the cell behind it is free.
 
-    Returns (new room, moved bool). A move into a wall, or a push against a wall or a second box, leaves
-    the room unchanged and `moved` False.
+    `is_wall(cell)` says whether a flat cell of the (H, W) grid `shape` is a wall (the solver looks cells
+    up in a whole batch of rooms). Returns (player, boxes, moved bool[]); a move into a wall, or a push
+    against a wall or a second box, changes nothing and `moved` is False.
     """
+    ahead, ahead_inside = neighbour(shape, player, direction)
+    beyond, beyond_inside = neighbour(shape, ahead, direction)
+    box_ahead = boxes == ahead  # bool[num_boxes]
+    ahead_open = ahead_inside & ~is_wall(ahead)
+    beyond_free = beyond_inside & ~is_wall(beyond) & ~jnp.any(boxes == beyond)
+    moved = ahead_open & (~jnp.any(box_ahead) | beyond_free)
+    boxes = jnp.where(moved & box_ahead, beyond, boxes).astype(jnp.int32)
+    return jnp.where(moved, ahead, player).astype(jnp.int32), boxes, moved
+
+
+def move(room: Room, direction: jax.Array) -> tuple[Room, jax.Array]:
+    """`push` on a `Room`: returns (new room, moved bool[])."""
     flat_fixed = room.fixed.reshape(-1)
-    ahead, ahead_inside = neighbour(room.fixed, room.player, direction)
-    beyond, beyond_inside = neighbour(room.fixed, ahead, direction)
-    box_ahead = room.boxes == ahead  # bool[num_boxes]
-    has_box_ahead = jnp.any(box_ahead)
-    ahead_open = ahead_inside & (flat_fixed[ahead] != WALL)
-    beyond_free = beyond_inside & (flat_fixed[beyond] != WALL) & ~jnp.any(room.boxes == beyond)
-    moved = ahead_open & (~has_box_ahead | beyond_free)
-    boxes = jnp.where(moved & box_ahead, beyond, room.boxes)
-    player = jnp.where(moved, ahead, room.player)
-    return room.replace(boxes=boxes.astype(jnp.int32), player=player.astype(jnp.int32)), moved
+    player, boxes, moved = push(lambda cell: flat_fixed[cell] == WALL, room.fixed.shape, room.player, room.boxes,
+                                direction)
+    return room.replace(player=player, boxes=boxes), moved
 
 
 def boxes_on_target(room: Room) -> jax.Array:

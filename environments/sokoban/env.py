@@ -111,8 +111,8 @@ class Sokoban(TextEnv):
 
     # ----------------------------------------------------------------- hooks
     def init_state(self, key, params):
-        level = self.generator(key, params.min_solution_length)
-        return SokobanState(room=level.room, num_env_steps=jnp.int32(0))
+        room, _ = self.generator(key, params.min_solution_length)
+        return SokobanState(room=room, num_env_steps=jnp.int32(0))
 
     def apply_action(self, key, s, action, params):
         room, reward, solved, moved = dynamics.step_room(s.room, action)

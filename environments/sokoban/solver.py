@@ -142,21 +142,23 @@ class Solver:
         position = jnp.where(live, s["head"][room_of] + slot - (taken_end - taken)[room_of], 0)
         players, boxes = jax.vmap(self.state_from_index)(s["state"][room_of, position])
         depths = s["depth"][room_of, position]
-        fixed = rooms.fixed[room_of]  # [slots, H, W]
+        flat_fixed = rooms.fixed.reshape(batch, -1)
 
-        on_target = jnp.take_along_axis(fixed.reshape(num_slots, -1), boxes, axis=1) == dynamics.TARGET
-        solved = live & jnp.all(on_target, axis=-1)
+        solved = live & jnp.all(flat_fixed[room_of[:, None], boxes] == dynamics.TARGET, axis=-1)
         first_solved = jnp.full((batch,), _UNVISITED, jnp.int32)
         first_solved = first_solved.at[room_of].min(jnp.where(solved, position, _UNVISITED))
         found = first_solved < _UNVISITED
 
-        def successor(room_fixed, player, box_cells, direction):
-            new_room, moved = dynamics.move(dynamics.Room(room_fixed, box_cells, player), direction)
-            return self.state_index(new_room.player, jnp.sort(new_room.boxes)), moved
+        def successor(room, player, box_cells, direction):
+            player, box_cells, moved = dynamics.push(
+                lambda cell: flat_fixed[room, cell] == dynamics.WALL, (self.height, self.width), player, box_cells,
+                direction,
+            )
+            return self.state_index(player, jnp.sort(box_cells)), moved
 
         directions = jnp.arange(4)
-        next_states, moved = jax.vmap(lambda f, p, b: jax.vmap(lambda d: successor(f, p, b, d))(directions))(
-            fixed, players, boxes
+        next_states, moved = jax.vmap(lambda r, p, b: jax.vmap(lambda d: successor(r, p, b, d))(directions))(
+            room_of, players, boxes
         )
         next_states = next_states.reshape(-1)
         codes = (position[:, None] * 4 + directions).reshape(-1)
