@@ -245,6 +245,30 @@ def test_random_play_matches_gym_sokoban(generated, replay_jit):
             assert np.array_equal(trail_codes[i, t], expected)
 
 
+def test_random_play_matches_the_gym_sokoban_package(generated, replay_jit):
+    """The same random play against the gym-sokoban package itself (bench extra; skipped without it)."""
+    sokoban_env = pytest.importorskip("gym_sokoban.envs.sokoban_env")
+    _, _, levels = generated
+    count, steps = 32, 40
+    rooms = take(levels.room, np.arange(count))
+    actions = np.random.default_rng(1).integers(0, 4, (count, MAX_MOVES)).astype(np.int32)
+    rewards, solved, moved, trail = jax.device_get(replay_jit(rooms, jnp.asarray(actions)))
+    trail_codes = np.asarray(jax.jit(jax.vmap(jax.vmap(dynamics.room_codes)))(trail))
+    for i, codes in enumerate(codes_of(rooms)):
+        gym = sokoban_env.SokobanEnv(dim_room=codes.shape, num_boxes=int(np.isin(codes, (3, 4)).sum()), reset=False)
+        gym.room_fixed = np.where(codes == 0, 0, np.where(np.isin(codes, (2, 3, 6)), 2, 1))
+        gym.room_state = np.where(codes == 6, 5, codes)
+        gym.player_position = np.argwhere(gym.room_state == 5)[0]
+        gym.boxes_on_target, gym.num_env_steps = 0, 0
+        for t in range(steps):
+            moved_player, _ = gym._push(int(actions[i, t]) + 1)  # gym-sokoban's push actions are 1..4
+            gym._calc_reward()
+            assert np.isclose(rewards[i, t], gym.reward_last) and moved[i, t] == moved_player
+            assert solved[i, t] == gym._check_if_all_boxes_on_target()
+            expected = np.where((gym.room_state == 5) & (gym.room_fixed == 2), 6, gym.room_state)
+            assert np.array_equal(trail_codes[i, t], expected)
+
+
 HAND_MADE = [  # (room, direction, reward, solved, moved); rows are padded with walls to one shape
     ("######\n#PXO_#\n######", 3, 10.9, True, True),  # last box onto its target
     ("######\n#_P√_#\n######", 3, -1.1, False, True),  # box pushed off a target
