@@ -1,1 +1,12 @@
-"""Collapse diagnostics (MI proxies of reasoning collapse, spec D) and gradient-component analysis (spec E.3)."""
+"""Collapse diagnostics (MI proxies of reasoning collapse, spec D) and gradient-component analysis (spec E.3).
+
+- `collapse.collapse_metrics` / `collapse.init_ema`: the MI proxies of one cross log-prob matrix.
+- `cross_logprobs.cross_log_probs`: l[i, j] = log p(z_i | x_j) with each prompt prefilled once into a KV cache
+  (`cross_log_probs_naive`: the full-sequence reference).
+- `sampling.collapse_diagnostics(_every)`: both sampling families on the unfiltered batch, from
+  `sampling.ReasoningSpans`, with `sampling.CollapseOptions` and `sampling.should_compute`.
+- `gradients.gradient_analysis`: task / entropy / KL gradient norms per reward-variance bucket.
+"""
+from ragen_jax.diagnostics import collapse, cross_logprobs, gradients, sampling
+
+__all__ = ["collapse", "cross_logprobs", "gradients", "sampling"]

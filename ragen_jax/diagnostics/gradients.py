@@ -24,6 +24,7 @@ backward, so the whole analysis costs about two forward + 3-component backward p
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import flax.struct
@@ -70,6 +71,33 @@ class LossHyper:
     entropy_coeff: jax.Array
     kl_coef: jax.Array
     temperature: jax.Array
+
+    @classmethod
+    def from_config(cls, config) -> "LossHyper":
+        """From `configs/base.py`: algo clip ratios and coefficients (kl_coef 0 without a KL loss), rollout T."""
+        a = config.algo
+        kl = a.kl_loss_coef if a.use_kl_loss else 0.0
+        values = (a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c, a.entropy_coeff, kl, config.rollout.temperature)
+        return cls(*(jnp.float32(v) for v in values))
+
+
+@dataclasses.dataclass(frozen=True)
+class GradAnalysisOptions:
+    """Static structure of the analysis (config `diagnostics.grad_analysis_*`, `algo.loss_agg_mode/kl_loss_type`)."""
+
+    every: int = 0
+    bucket_mode: str = "quantile"
+    num_buckets: int = 6
+    agg_mode: str = "token-mean"
+    kl_type: str = "kl"
+    chunk_rows: int = 16
+
+    @classmethod
+    def from_config(cls, config, chunk_rows: int = 16) -> "GradAnalysisOptions":
+        d, a = config.diagnostics, config.algo
+        return cls(every=d.grad_analysis_every, bucket_mode=d.grad_analysis_bucket_mode,
+                   num_buckets=d.grad_analysis_num_buckets, agg_mode=a.loss_agg_mode, kl_type=a.kl_loss_type,
+                   chunk_rows=chunk_rows)
 
 
 def should_run(step, every: int) -> jax.Array:

@@ -22,8 +22,10 @@ def params():
     return jax.tree.map(lambda x: 6.0 * x if x.ndim > 1 else x, init(CONFIG, jax.random.key(0)))
 
 
-_cached = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG))
-_cached_batched = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG, columns_per_step=2))
+# one row per chunk: every row picks its own width tier (3, 5 or 9)
+_cached = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG, row_chunk=1))
+_cached_batched = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG, row_chunk=None, num_tiers=1,
+                                            columns_per_step=2))
 _naive = jax.jit(functools.partial(cross_logprobs.cross_log_probs_naive, CONFIG))
 
 
@@ -90,6 +92,12 @@ def test_temperature_scales_logits(params):
     halved = dict(params, final_norm={"scale": params["final_norm"]["scale"] / 2.0})  # tied head: logits / 2
     mean_half, _ = _naive(halved, *args, 1.0)
     assert float(jnp.max(jnp.abs(mean_t - mean_half))) < 1e-4
+
+
+def test_width_tiers():
+    assert cross_logprobs.width_tiers(9, 3) == (3, 5, 9)
+    assert cross_logprobs.width_tiers(400, 3) == (100, 200, 400)
+    assert cross_logprobs.width_tiers(1, 3) == (1,) and cross_logprobs.width_tiers(48, 1) == (48,)
 
 
 def test_concat_prompt_reasoning_layout():
