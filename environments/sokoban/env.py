@@ -76,7 +76,7 @@ class Sokoban(TextEnv):
     Params = SokobanParams
     default_params = SokobanParams(min_solution_length=jnp.int32(1), max_steps=jnp.int32(100))
 
-    def __init__(self, tokenizer, *, height: int = 6, width: int = 6, num_boxes: int = 1, attempts: int = 8,
+    def __init__(self, tokenizer, *, height: int = 6, width: int = 6, num_boxes: int = 1, attempts: int | None = None,
                  reverse_steps: int | None = None, search_capacity: int = 4096, max_moves: int = 100,
                  **base_kwargs):
         self.height, self.width, self.num_boxes = height, width, num_boxes

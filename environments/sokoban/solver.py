@@ -59,6 +59,8 @@ class Solver:
         self.queue_capacity = self.num_states if queue_capacity is None else min(queue_capacity, self.num_states)
         if self.queue_capacity < 1:
             raise ValueError(f"Solver: queue_capacity must be >= 1, got {queue_capacity}")
+        # Parent codes stay below 4 * queue_capacity: int16 claims halve the largest array when they fit.
+        self.claim_dtype = np.int16 if 4 * self.queue_capacity < np.iinfo(np.int16).max else np.int32
         # binom[n, j] = C(n, j) for the combinatorial ranking of sorted box cells.
         self._binom = np.array(
             [[math.comb(n, j) for j in range(num_boxes + 1)] for n in range(self.num_interior + 1)], dtype=np.int32
@@ -115,11 +117,12 @@ class Solver:
         """Solve a batch of rooms (leading axis B) with one loop. Returns (int32[B], int32[B, max_moves])."""
         batch = rooms.boxes.shape[0]
         roots = jax.vmap(lambda r: self.state_index(r.player, jnp.sort(r.boxes)))(rooms)
+        claim = jnp.full((batch, self.num_states), np.iinfo(self.claim_dtype).max, self.claim_dtype)
         searches = dict(
             state=jnp.zeros((batch, self.queue_capacity), jnp.int32).at[:, 0].set(roots),
             code=jnp.full((batch, self.queue_capacity), -1, jnp.int32),  # parent position * 4 + direction
             depth=jnp.zeros((batch, self.queue_capacity), jnp.int32),
-            claim=jnp.full((batch, self.num_states), _UNVISITED, jnp.int32).at[jnp.arange(batch), roots].set(-1),
+            claim=claim.at[jnp.arange(batch), roots].set(-1),
             head=jnp.zeros((batch,), jnp.int32), tail=jnp.ones((batch,), jnp.int32),
             goal=jnp.full((batch,), -1, jnp.int32), overflow=jnp.zeros((batch,), bool),
             running=jnp.ones((batch,), bool),
@@ -165,7 +168,7 @@ class Solver:
         room4 = jnp.repeat(room_of, 4)
         active = (live[:, None] & moved).reshape(-1) & ~found[room4]
         index = jnp.where(active, next_states, self.num_states)
-        claim = s["claim"].at[room4, index].min(codes, mode="drop")
+        claim = s["claim"].at[room4, index].min(codes.astype(self.claim_dtype), mode="drop")
         # Codes grow with queue position, so a visited state keeps its older, smaller code: a candidate
         # whose code won the min is the first to reach an unvisited state.
         new = active & (claim[room4, jnp.minimum(index, self.num_states - 1)] == codes)
