@@ -4,8 +4,10 @@ For the tiny default config and a mid config it measures
   decode: new tokens/s of `ragen_jax.rollout.sampler.generate` vs `transformers` `generate` (batch 128,
           prompt 128, 64 new tokens, temperature 1, both including the prefill);
   train:  tokens/s of one forward + backward + AdamW step on next-token cross-entropy;
-plus the train step's achieved GFLOP/s against a float32 matmul measured in the same run. Each figure is the
-best of `repeats` timed runs after a warm-up (the CPU may be shared). Prints one JSON line.
+plus the train step's achieved GFLOP/s against a float32 matmul measured in the same run. JAX functions are
+compiled ahead of time (compilation is not timed); the two sides then run alternately (so both see the same
+machine load), after one warm-up call each unless --quick, and each figure is the best of the timed runs.
+Prints one JSON line.
 
     .venv/bin/python experiments/benchmarks/lm.py [--quick] [--only tiny|mid]
 """
@@ -34,30 +36,33 @@ SIZES = {  # name -> (ModelConfig sizes, train batch, train length)
 DECODE_BATCH, PROMPT_LEN, NEW_TOKENS = 128, 128, 64
 
 
-def best_time(fn, repeats: int) -> float:
-    """Warm-up call (compiles), then the best wall time of `repeats` calls; fn must block until done."""
-    fn()
-    times = []
+def best_times(fns, repeats: int, warmup: bool) -> list[float]:
+    """Best wall time of each blocking callable over `repeats` alternating rounds (optionally one warm-up each)."""
+    if warmup:
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for fn, record in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            record.append(time.perf_counter() - start)
+    return [min(t) for t in times]
 
 
 def matmul_gflops(repeats: int, n: int = 2048) -> float:
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    mm = jax.jit(lambda x, y: x @ y)
-    return 2 * n ** 3 / best_time(lambda: mm(a, b).block_until_ready(), 3 * repeats) / 1e9
+    mm = jax.jit(lambda x, y: x @ y).lower(a, b).compile()
+    return 2 * n ** 3 / best_times([lambda: mm(a, b).block_until_ready()], 5 * repeats, True)[0] / 1e9
 
 
 def train_flops(c: models.ModelConfig, batch: int, length: int) -> float:
-    """Matmul FLOPs of forward + backward (3x forward) incl. the LM head and full (masked) T x T attention."""
+    """Matmul FLOPs of forward + backward (3x forward) incl. the LM head and causal attention (T(T+1)/2 pairs)."""
     q, k = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     per_token = c.d_model * (2 * q + 2 * k) + 3 * c.d_model * c.mlp_dim
     forward = 2 * batch * length * (c.num_layers * per_token + c.d_model * c.vocab_size)
-    forward += c.num_layers * 4 * batch * length * length * q
+    forward += c.num_layers * 4 * batch * (length * (length + 1) // 2) * q
     return 3.0 * forward
 
 
@@ -71,16 +76,16 @@ def hf_model(c: models.ModelConfig) -> torch.nn.Module:
     return transformers.LlamaForCausalLM(hf_config)
 
 
-def bench_decode(c, params, hf, repeats):
+def bench_decode(c, params, hf, repeats, warmup):
     rng = np.random.default_rng(0)
     prompt = rng.integers(1, c.vocab_size, size=(DECODE_BATCH, PROMPT_LEN)).astype(np.int32)
-    lengths = jnp.full((DECODE_BATCH,), PROMPT_LEN, jnp.int32)
-    prompt_j = jnp.asarray(prompt)
+    args = (jnp.asarray(prompt), jnp.full((DECODE_BATCH,), PROMPT_LEN, jnp.int32), jax.random.key(0),
+            jnp.float32(1.0), jnp.float32(1.0))
+    new_cache = jax.jit(lambda: models.init_cache(c, DECODE_BATCH, PROMPT_LEN + NEW_TOKENS))
+    generate = sampler.generate.lower(c, params, new_cache(), *args, max_new_tokens=NEW_TOKENS).compile()
 
     def run_jax():
-        cache = models.init_cache(c, DECODE_BATCH, PROMPT_LEN + NEW_TOKENS)
-        out, cache = sampler.generate(c, params, cache, prompt_j, lengths, jax.random.key(0), jnp.float32(1.0),
-                                      jnp.float32(1.0), max_new_tokens=NEW_TOKENS)
+        out, _ = generate(params, new_cache(), *args)
         out.tokens.block_until_ready()
 
     prompt_t = torch.tensor(prompt, dtype=torch.long)
@@ -92,25 +97,24 @@ def bench_decode(c, params, hf, repeats):
                         max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
 
     new = DECODE_BATCH * NEW_TOKENS
-    return new / best_time(run_jax, repeats), new / best_time(run_torch, repeats)
+    return [new / t for t in best_times([run_jax, run_torch], repeats, warmup)]
 
 
-def bench_train(c, params, hf, batch, length, repeats):
+def bench_train(c, params, hf, batch, length, repeats, warmup):
     tokens = np.random.default_rng(1).integers(0, c.vocab_size, size=(batch, length + 1)).astype(np.int32)
     optimizer = optax.adamw(1e-4, weight_decay=0.01)
 
     def loss_fn(p, x):
-        logp = jax.nn.log_softmax(tfm.apply(c, p, x[:, :-1]))
-        return -jnp.mean(jnp.take_along_axis(logp, x[:, 1:, None], axis=-1))
+        return optax.softmax_cross_entropy_with_integer_labels(tfm.apply(c, p, x[:, :-1]), x[:, 1:]).mean()
 
     def step(p, opt_state, x):
         loss, grads = jax.value_and_grad(loss_fn)(p, x)
         updates, opt_state = optimizer.update(grads, opt_state, p)
         return optax.apply_updates(p, updates), opt_state, loss
 
-    step = jax.jit(step, donate_argnums=(0, 1))
     state = {"p": params, "opt": optimizer.init(params)}
     x_j = jnp.asarray(tokens)
+    step = jax.jit(step, donate_argnums=(0, 1)).lower(state["p"], state["opt"], x_j).compile()
 
     def run_jax():
         state["p"], state["opt"], loss = step(state["p"], state["opt"], x_j)
@@ -127,14 +131,14 @@ def bench_train(c, params, hf, batch, length, repeats):
         opt_t.step()
         opt_t.zero_grad(set_to_none=True)
 
+    jax_time, torch_time = best_times([run_jax, run_torch], repeats, warmup)
     trained = batch * length
-    jax_time = best_time(run_jax, repeats)
-    return trained / jax_time, trained / best_time(run_torch, repeats), train_flops(c, batch, length) / jax_time
+    return trained / jax_time, trained / torch_time, train_flops(c, batch, length) / jax_time
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one timed repeat per figure")
+    parser.add_argument("--quick", action="store_true", help="one timed run per figure, no warm-up runs")
     parser.add_argument("--only", choices=sorted(SIZES), help="benchmark one size only")
     args = parser.parse_args()
     repeats = 1 if args.quick else 3
@@ -149,8 +153,8 @@ def main() -> None:
                                max_seq_len=max(length + 1, PROMPT_LEN + NEW_TOKENS), **sizes)
         hf = hf_model(c).eval()
         params = jax.jit(tfm.init_params, static_argnums=0)(c, jax.random.key(0))
-        decode_jax, decode_torch = bench_decode(c, params, hf, repeats)
-        train_jax, train_torch, gflops = bench_train(c, params, hf, batch, length, repeats)
+        decode_jax, decode_torch = bench_decode(c, params, hf, repeats, not args.quick)
+        train_jax, train_torch, gflops = bench_train(c, params, hf, batch, length, repeats, not args.quick)
         result[name] = {
             "decode_tok_s": {"jax": round(decode_jax, 1), "torch": round(decode_torch, 1),
                              "ratio": round(decode_jax / decode_torch, 3)},

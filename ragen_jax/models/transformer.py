@@ -47,6 +47,7 @@ from ragen_jax.models.config import ModelConfig
 
 Params = dict[str, Any]
 _INIT_STD = 0.02  # HF initializer_range
+_MIN_QUERY_BLOCK = 64  # causal_attention splits longer sequences into query blocks of at least this size
 
 
 # ----------------------------------------------------------------------------------------------- initialisation
@@ -152,6 +153,20 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H * hd)
 
 
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Self-attention over one sequence (S == T) in query blocks that skip the keys after the block.
+
+    Causality makes those keys invisible anyway; up to 8 blocks roughly halve the attention work. Same
+    arguments and result as `attention`.
+    """
+    T = q.shape[1]
+    blocks = min(8, -(-T // _MIN_QUERY_BLOCK))
+    size = -(-T // blocks)
+    outs = [attention(q[:, lo:lo + size], k[:, :lo + size], v[:, :lo + size], mask[:, lo:lo + size, :lo + size])
+            for lo in range(0, T, size)]
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+
+
 def _qkv(config: ModelConfig, layer: Params, h: jax.Array, positions: jax.Array, inv_freq: np.ndarray):
     B, T, _ = h.shape
     q = _dense(h, layer["q_proj"]).reshape(B, T, config.num_heads, config.head_dim)
@@ -192,7 +207,7 @@ def hidden_states(config: ModelConfig, params: Params, tokens: jax.Array, positi
     def block(x, layer):
         h = rms_norm(x, layer["input_norm"]["scale"], config.norm_eps)
         q, k, v = _qkv(config, layer, h, positions, inv_freq)
-        x = x + _dense(attention(q, k, v, mask), layer["o_proj"])
+        x = x + _dense(causal_attention(q, k, v, mask), layer["o_proj"])
         return _mlp(config, layer, x), None
 
     x, _ = jax.lax.scan(block, _embed(config, params, tokens), params["layers"])
