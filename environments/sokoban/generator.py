@@ -45,17 +45,28 @@ EXTRA_MOVES = 3
 EXTRA_MOVE_CONTINUE = 0.5
 
 
-def room_topology(uniform: jax.Array, height: int, width: int) -> jax.Array:
+def _below(bits16: jax.Array, probability) -> jax.Array:
+    """bool: a 16-bit random value falls below `probability` (resolution 2**-16)."""
+    return bits16 < jnp.round(jnp.asarray(probability) * 65536).astype(jnp.uint32)
+
+
+def _scaled(bits16: jax.Array, n: int) -> jax.Array:
+    """int32 uniform in [0, n) from a 16-bit random value (bias below n / 2**16)."""
+    return ((bits16 * jnp.uint32(n)) >> 16).astype(jnp.int32)
+
+
+def room_topology(words: jax.Array, height: int, width: int) -> jax.Array:
     """bool[H, W] floor map from gym-sokoban's random walk (border cells are always walls).
 
-    uniform: float32[num_steps + 1, 3] of U[0, 1) draws (row 0: start cell and direction; row t: change
-    of direction, new direction, floor mask of step t).
+    words: uint32[num_steps + 2] random bits: word 0 the start cell, word 1 the first direction, then one
+    word per step (bits 0-15 direction change, 16-17 new direction, 18-31 floor mask).
     """
-    start = jnp.floor(uniform[0, :2] * jnp.array([height - 1, width - 1])).astype(jnp.int32) + 1
-    direction0 = jnp.floor(uniform[0, 2] * 4).astype(jnp.int32)
-    change = uniform[1:, 0] < P_CHANGE_DIRECTION
-    new_direction = jnp.floor(uniform[1:, 1] * 4).astype(jnp.int32)
-    mask_index = jnp.floor(uniform[1:, 2] * len(FLOOR_MASKS)).astype(jnp.int32)
+    start = jnp.stack([_scaled(words[0] & 0xFFFF, height - 1), _scaled(words[0] >> 16, width - 1)]) + 1
+    direction0 = (words[1] & 3).astype(jnp.int32)
+    steps = words[2:]
+    change = _below(steps & 0xFFFF, P_CHANGE_DIRECTION)
+    new_direction = ((steps >> 16) & 3).astype(jnp.int32)
+    mask_index = (((steps >> 18) * jnp.uint32(len(FLOOR_MASKS))) >> 14).astype(jnp.int32)
     rows, cols = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
 
     def walk(carry, step):
@@ -76,17 +87,20 @@ def room_topology(uniform: jax.Array, height: int, width: int) -> jax.Array:
     return floor & ~border
 
 
-def place_player_and_boxes(uniform: jax.Array, floor: jax.Array,
+def place_player_and_boxes(words: jax.Array, floor: jax.Array,
                            num_boxes: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Distinct uniform floor cells for the player and the boxes, from uniform: float32[H * W] draws.
+    """Distinct uniform floor cells for the player and the boxes, from words: uint32[H * W] random bits.
 
     Returns (player int32[], boxes int32[num_boxes] flat cells, enough_floor bool[]): gym-sokoban needs
     more than num_boxes + 1 floor cells.
     """
-    scores = jnp.where(floor.reshape(-1), uniform, -1.0)
-    _, cells = jax.lax.top_k(scores, num_boxes + 1)
+    scores = jnp.where(floor.reshape(-1), (words >> 2).astype(jnp.int32) + 1, 0)  # floor cells score >= 1
+    cells = []
+    for _ in range(num_boxes + 1):  # repeated argmax: much cheaper than lax.top_k on CPU for a few picks
+        cells.append(jnp.argmax(scores).astype(jnp.int32))
+        scores = scores.at[cells[-1]].set(-1)
     enough_floor = jnp.sum(floor) > num_boxes + 1
-    return cells[0].astype(jnp.int32), cells[1:].astype(jnp.int32), enough_floor
+    return cells[0], jnp.stack(cells[1:]), enough_floor
 
 
 def manhattan(fixed: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -96,9 +110,9 @@ def manhattan(fixed: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.abs(row_a - row_b) + jnp.abs(col_a - col_b)
 
 
-def reverse_play(uniform: jax.Array, room: dynamics.Room) -> tuple[dynamics.Room, jax.Array, jax.Array]:
-    """Random backwards play from a solved room, one step per uniform: float32[num_steps] draw; the
-    player pulls the box behind it when stepping away.
+def reverse_play(words: jax.Array, room: dynamics.Room, num_steps: int) -> tuple[dynamics.Room, jax.Array, jax.Array]:
+    """Random backwards play from a solved room, `num_steps` directions taken two bits at a time from
+    words: uint32[ceil(num_steps / 16)]; the player pulls the box behind it when stepping away.
 
     Returns (best room, its gym score int32[], its box displacement int32[]). Box i's own target is its
     starting cell.
@@ -131,20 +145,25 @@ def reverse_play(uniform: jax.Array, room: dynamics.Room) -> tuple[dynamics.Room
     score0, displacement0 = score_of(room.player, room.boxes, jnp.int32(0))
     best0 = (room.player, room.boxes, score0, displacement0)
     carry0 = (room.player, room.boxes, jnp.int32(0), jnp.int32(-1), best0)
-    (_, _, _, _, best), _ = jax.lax.scan(pull, carry0, jnp.floor(uniform * 4).astype(jnp.int32))
+    step = jnp.arange(num_steps)
+    directions = ((words[step // 16] >> (2 * (step % 16)).astype(jnp.uint32)) & 3).astype(jnp.int32)
+    (_, _, _, _, best), _ = jax.lax.scan(pull, carry0, directions)
     player, boxes, score, displacement = best
     return room.replace(player=player, boxes=boxes), score, displacement
 
 
-def random_player_steps(uniform: jax.Array, room: dynamics.Room, displacement: jax.Array) -> dynamics.Room:
+def random_player_steps(words: jax.Array, room: dynamics.Room, displacement: jax.Array) -> dynamics.Room:
     """gym-sokoban/RAGEN's extra player walk: with probability 0.8 (displacement 1) or 0.5, up to 3 steps
     to free, not yet visited cells, continuing after each step with probability 0.5.
 
-    uniform: float32[EXTRA_MOVES + 1, 5] of U[0, 1) draws.
+    words: uint32[1 + 3 * EXTRA_MOVES] random bits: the start test, then per step two words of four 16-bit
+    choice values and a continue test.
     """
     flat_fixed = room.fixed.reshape(-1)
-    draws = (uniform[1:, :4], uniform[1:, 4])
-    active0 = uniform[0, 0] < jnp.where(displacement == 1, 0.8, 0.5)
+    per_step = words[1:].reshape(EXTRA_MOVES, 3)
+    choice_bits = jnp.concatenate([per_step[:, :2] & 0xFFFF, per_step[:, :2] >> 16], axis=1)  # [steps, 4]
+    draws = (choice_bits.astype(jnp.int32), per_step[:, 2] & 0xFFFF)
+    active0 = _below(words[0] & 0xFFFF, jnp.where(displacement == 1, 0.8, 0.5))
     visited0 = jnp.full((EXTRA_MOVES + 1,), room.player).astype(jnp.int32)
 
     def walk(carry, step):
@@ -158,10 +177,10 @@ def random_player_steps(uniform: jax.Array, room: dynamics.Room, displacement: j
             & ~jnp.any(ahead[:, None] == visited[None, :], axis=1)
         )
         step = active & jnp.any(valid)
-        choice = jnp.argmax(jnp.where(valid, choice_noise, -1.0))  # uniform among the valid moves
+        choice = jnp.argmax(jnp.where(valid, choice_noise, -1))  # uniform among the valid moves
         player = jnp.where(step, ahead[choice], player)
         visited = jnp.concatenate([visited[1:], player[None]])
-        active = step & (continue_draw < EXTRA_MOVE_CONTINUE)
+        active = step & _below(continue_draw, EXTRA_MOVE_CONTINUE)
         return (player, visited, active), None
 
     (player, _, _), _ = jax.lax.scan(walk, (room.player, visited0, active0), draws)
@@ -241,22 +260,23 @@ class Generator:
         self.solver = Solver(height, width, num_boxes, max_moves=max_moves, queue_capacity=search_capacity)
         self.exact_solver = Solver(height, width, num_boxes, max_moves=max_moves)
         self.fallback, _ = fallback_room(height, width, num_boxes)
-        self.noise_size = (self.walk_steps + 1) * 3 + height * width + self.reverse_steps + (EXTRA_MOVES + 1) * 5
+        self.noise_words = self.walk_steps + 2 + height * width + -(-self.reverse_steps // 16) + 1 + 3 * EXTRA_MOVES
 
-    def candidate(self, uniform: jax.Array) -> tuple[dynamics.Room, jax.Array]:
+    def candidate(self, words: jax.Array) -> tuple[dynamics.Room, jax.Array]:
         """One candidate level and its gym score int32[] (0 when gym-sokoban would reject it).
 
-        uniform: float32[self.noise_size] of U[0, 1) draws (one draw per level keeps the compile small).
+        words: uint32[self.noise_words] random bits (one draw per level; random-number kernels dominate
+        both the compile and the run time of generation otherwise).
         """
         height, width = self.height, self.width
-        sizes = np.cumsum([(self.walk_steps + 1) * 3, height * width, self.reverse_steps])
-        topology, place, reverse, extra = jnp.split(uniform, sizes)
-        floor = room_topology(topology.reshape(-1, 3), height, width)
+        sizes = np.cumsum([self.walk_steps + 2, height * width, -(-self.reverse_steps // 16)])
+        topology, place, reverse, extra = jnp.split(words, sizes)
+        floor = room_topology(topology, height, width)
         player, boxes, enough_floor = place_player_and_boxes(place, floor, self.num_boxes)
         fixed = jnp.where(floor, dynamics.FLOOR, dynamics.WALL).reshape(-1).at[boxes].set(dynamics.TARGET)
         solved_room = dynamics.Room(fixed=fixed.reshape(height, width).astype(jnp.int32), boxes=boxes, player=player)
-        room, score, displacement = reverse_play(reverse, solved_room)
-        room = random_player_steps(extra.reshape(EXTRA_MOVES + 1, 5), room, displacement)
+        room, score, displacement = reverse_play(reverse, solved_room, self.reverse_steps)
+        room = random_player_steps(extra, room, displacement)
         return room, jnp.where(enough_floor, score, 0)
 
     def __call__(self, key: jax.Array, min_solution_length: jax.Array | int = 1) -> tuple[dynamics.Room, jax.Array]:
@@ -267,8 +287,8 @@ class Generator:
         vmap, the other branch costs nothing); otherwise score > 0 already guarantees >= 1 move.
         Returns (room, accepted bool[]); accepted is False when the fallback room was returned.
         """
-        uniform = jax.random.uniform(key, (self.attempts, self.noise_size))
-        rooms, scores = jax.vmap(self.candidate)(uniform)
+        words = jax.random.bits(key, (self.attempts, self.noise_words), jnp.uint32)
+        rooms, scores = jax.vmap(self.candidate)(words)
         min_solution_length = jnp.asarray(min_solution_length, jnp.int32)
         long_enough = jax.lax.cond(
             min_solution_length > 1,
