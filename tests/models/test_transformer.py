@@ -277,3 +277,25 @@ def test_model_config_from_base_config():
                            mlp_dim=8, compute_dtype="float16")
     with pytest.raises(ValueError, match="max_len"):
         models.init_cache(config, 1, config.max_seq_len + 1)
+
+
+def _numpy_attention(q, k, v, mask):
+    """Reference grouped-query attention: query head h uses kv head h // (H // K)."""
+    B, T, H, hd = q.shape
+    kv_head = np.arange(H) // (H // k.shape[2])
+    scores = np.einsum("bthd,bshd->bhts", q, k[:, :, kv_head]) / np.sqrt(hd)
+    scores = np.where(mask[:, None], scores, -1e30)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bhts,bshd->bthd", probs, v[:, :, kv_head]).reshape(B, T, H * hd)
+
+
+def test_blocked_causal_attention_equals_reference():
+    """Self-attention long enough to run in several query blocks, on a left-padded causal mask."""
+    B, T, H, K, hd = 2, 150, 4, 2, 8
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.normal(size=(B, T, n, hd)).astype(np.float32) for n in (H, K, K))
+    pad = np.arange(T)[None, :] >= np.array([0, 37])[:, None]  # row 1 has 37 left pads
+    mask = np.tril(np.ones((T, T), bool))[None] & pad[:, None, :] & pad[:, :, None]
+    out = jax.jit(tfm.causal_attention)(q, k, v, mask)
+    np.testing.assert_allclose(np.asarray(out)[pad], _numpy_attention(q, k, v, mask)[pad], atol=1e-5)
