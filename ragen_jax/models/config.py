@@ -31,6 +31,7 @@ class ModelConfig:
     head_dim: width of one attention head; `num_heads * head_dim` need not equal `d_model`.
     rope_scaling: None (plain RoPE) or `Llama3RopeScaling`.
     compute_dtype: "float32" | "bfloat16"; parameters stay float32 and logits come back float32.
+    remat: recompute each decoder block in the backward pass (activation memory of one block instead of all).
     """
 
     vocab_size: int
@@ -47,6 +48,7 @@ class ModelConfig:
     max_seq_len: int = 4096
     compute_dtype: str = "float32"
     rope_scaling: Llama3RopeScaling | None = None
+    remat: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim",

@@ -210,6 +210,8 @@ def hidden_states(config: ModelConfig, params: Params, tokens: jax.Array, positi
         x = x + _dense(causal_attention(q, k, v, mask), layer["o_proj"])
         return _mlp(config, layer, x), None
 
+    if config.remat:
+        block = jax.checkpoint(block, prevent_cse=False)
     x, _ = jax.lax.scan(block, _embed(config, params, tokens), params["layers"])
     return rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32)
 
