@@ -41,66 +41,82 @@ def _reduce(token_logp: jax.Array, reasoning_len: jax.Array) -> tuple[jax.Array,
     return total / jnp.maximum(reasoning_len, 1).astype(jnp.float32), total
 
 
-def width_tiers(max_reason: int, num_tiers: int) -> tuple[int, ...]:
-    """Static reasoning widths max_reason / 2^k (rounded up), k < num_tiers, ascending."""
-    return tuple(sorted({max(1, -(-max_reason // 2 ** k)) for k in range(max(num_tiers, 1))}))
+def width_tiers(width: int, num_tiers: int) -> tuple[int, ...]:
+    """Static widths width / 2^k (rounded up), k < num_tiers, ascending."""
+    return tuple(sorted({max(1, -(-width // 2 ** k)) for k in range(max(num_tiers, 1))}))
+
+
+def _sorted_chunks(lengths: jax.Array, chunk: int) -> jax.Array:
+    """int32[n // chunk, chunk]: indices sorted by length (stable), cut into consecutive chunks."""
+    return jnp.argsort(lengths, stable=True).astype(jnp.int32).reshape(-1, chunk)
+
+
+def _tiered(lengths: jax.Array, tiers: tuple[int, ...], fn, operand):
+    """`fn(operand, w)` at the smallest static width w in `tiers` holding max(lengths) (one branch per tier)."""
+    tier = jnp.searchsorted(jnp.asarray(tiers), jnp.max(lengths))
+    return jax.lax.switch(tier, [lambda x, w=w: fn(x, w) for w in tiers], operand)
 
 
 def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len: jax.Array, reasoning: jax.Array,
-                    reasoning_len: jax.Array, temperature=1.0, *, row_chunk: int | None = 16, num_tiers: int = 3,
-                    columns_per_step: int = 1):
+                    reasoning_len: jax.Array, temperature=1.0, *, row_chunk: int = 16, col_chunk: int = 8,
+                    num_tiers: int = 3):
     """Prefix-cached cross log-probs (see module docstring); returns (logp_mean, logp_sum) float32[R, C].
 
-    row_chunk: rows are sorted by reasoning length and scored `row_chunk` at a time (all at once when it does
-      not divide R); each chunk runs at the smallest of `width_tiers(Z, num_tiers)` widths that holds its
-      longest row, so short reasoning does not pay for the padded width Z.
-    columns_per_step: prompts scored together in one vectorised step (memory grows with it). With 1 (the
-      default) a column whose prompt length is 0 costs nothing and scores 0: callers pass 0 for columns they
-      do not need (invalid or duplicate prompts).
+    Columns are sorted by prompt length and handled `col_chunk` at a time (prefill of the chunk, then its
+    columns one by one); rows are sorted by reasoning length and scored `row_chunk` at a time (a chunk size that
+    does not divide C or R means all at once). Each chunk runs at the smallest of `width_tiers(P or Z,
+    num_tiers)` widths that holds its longest member, so short prompts and short reasoning do not pay for the
+    padded widths. A column of prompt length 0 costs nothing and scores 0: callers pass 0 for columns they do
+    not need (invalid or duplicate prompts).
     """
     _check(prompts, prompt_len, reasoning, reasoning_len)
     num_cols, max_prompt = prompts.shape
     num_rows, max_reason = reasoning.shape
-    prompt_len = prompt_len.astype(jnp.int32)
+    prompt_len = jnp.minimum(prompt_len.astype(jnp.int32), max_prompt)
     reasoning_len = jnp.minimum(reasoning_len.astype(jnp.int32), max_reason)
-    chunk = row_chunk if row_chunk and num_rows % row_chunk == 0 else num_rows
-    tiers = width_tiers(max_reason, num_tiers)
+    rc = row_chunk if 0 < row_chunk and num_rows % row_chunk == 0 else num_rows
+    cc = col_chunk if 0 < col_chunk and num_cols % col_chunk == 0 else num_cols
+    row_chunks = _sorted_chunks(reasoning_len, rc)
 
-    cache = kv.init_cache(config, num_cols, max_prompt + max_reason)
-    hidden, cache = transformer.hidden_states_with_cache(config, params, prompts, cache, num_new=prompt_len)
-    last = jnp.take_along_axis(hidden, jnp.maximum(prompt_len - 1, 0)[:, None, None], axis=1)[:, 0]
-    first_logits = transformer.logits_from_hidden(config, params, last)  # [C, V]: predicts reasoning token 0
+    def score_columns(col_ids, prompt_width):
+        """[n_row_chunks, cc, rc] x 2: the columns `col_ids` (prompts no longer than prompt_width)."""
+        lengths = prompt_len[col_ids]
+        cache = kv.init_cache(config, cc, prompt_width + max_reason)
+        hidden, cache = transformer.hidden_states_with_cache(config, params, prompts[col_ids, :prompt_width], cache,
+                                                             num_new=lengths)
+        last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
+        first_logits = transformer.logits_from_hidden(config, params, last)  # [cc, V]: predicts reasoning token 0
 
-    def score_rows(ids, width):
-        """[C, chunk] scores of the rows `ids` (all no longer than `width`) against every column."""
-        tokens, lengths = reasoning[ids, :width], reasoning_len[ids]
-        prefix = kv.KVCache(k=cache.k[:, :, :max_prompt + width], v=cache.v[:, :, :max_prompt + width],
-                            lengths=cache.lengths)
+        def score_rows(row_ids, width):
+            tokens, row_len = reasoning[row_ids, :width], reasoning_len[row_ids]
+            prefix = kv.KVCache(k=cache.k[:, :, :prompt_width + width], v=cache.v[:, :, :prompt_width + width],
+                                lengths=cache.lengths)
 
-        def score(j):
-            rows = kv.take_rows(prefix, jnp.full((chunk,), j, jnp.int32))
-            h, _ = transformer.hidden_states_with_cache(config, params, tokens, rows, num_new=lengths)
-            # logits at reasoning token t predict token t + 1; the prompt's last logits predict token 0
-            rest = _target_logprobs(transformer.logits_from_hidden(config, params, h[:, :-1]), tokens[:, 1:],
-                                    temperature)
-            first = _target_logprobs(jnp.broadcast_to(first_logits[j], (chunk, first_logits.shape[-1])),
-                                     tokens[:, 0], temperature)
-            return _reduce(jnp.concatenate([first[:, None], rest], axis=1), lengths)
+            def score(j):
+                rows = kv.take_rows(prefix, jnp.full((rc,), j, jnp.int32))
+                h, _ = transformer.hidden_states_with_cache(config, params, tokens, rows, num_new=row_len)
+                # logits at reasoning token t predict token t + 1; the prompt's last logits predict token 0
+                rest = _target_logprobs(transformer.logits_from_hidden(config, params, h[:, :-1]), tokens[:, 1:],
+                                        temperature)
+                first = _target_logprobs(jnp.broadcast_to(first_logits[j], (rc, first_logits.shape[-1])),
+                                         tokens[:, 0], temperature)
+                return _reduce(jnp.concatenate([first[:, None], rest], axis=1), row_len)
 
-        if columns_per_step > 1:
-            return jax.lax.map(score, jnp.arange(num_cols), batch_size=columns_per_step)
-        empty = lambda j: (jnp.zeros((chunk,), jnp.float32),) * 2  # noqa: E731
-        # one column at a time: columns with an empty prompt are skipped, not computed
-        return jax.lax.map(lambda j: jax.lax.cond(prompt_len[j] > 0, score, empty, j), jnp.arange(num_cols))
+            empty = lambda j: (jnp.zeros((rc,), jnp.float32),) * 2  # noqa: E731
+            return jax.lax.map(lambda j: jax.lax.cond(lengths[j] > 0, score, empty, j), jnp.arange(cc))
 
-    def score_chunk(ids):
-        tier = jnp.searchsorted(jnp.asarray(tiers), jnp.max(reasoning_len[ids]))  # smallest width that fits
-        return jax.lax.switch(tier, [lambda i, w=w: score_rows(i, w) for w in tiers], ids)
+        return jax.lax.map(lambda ids: _tiered(reasoning_len[ids], width_tiers(max_reason, num_tiers), score_rows,
+                                               ids), row_chunks)
 
-    order = jnp.argsort(reasoning_len, stable=True).astype(jnp.int32)
-    mean, total = jax.lax.map(score_chunk, order.reshape(-1, chunk))  # [chunks, C, chunk]
-    unsort = lambda x: jnp.zeros((num_rows, num_cols), jnp.float32).at[order].set(  # noqa: E731
-        x.transpose(0, 2, 1).reshape(num_rows, num_cols))
+    col_chunks = _sorted_chunks(prompt_len, cc)
+    mean, total = jax.lax.map(
+        lambda ids: _tiered(prompt_len[ids], width_tiers(max_prompt, num_tiers), score_columns, ids), col_chunks)
+
+    def unsort(x):  # [col chunk, row chunk, cc, rc] -> [R, C]
+        x = x.transpose(0, 2, 1, 3).reshape(num_cols, num_rows)
+        x = jnp.zeros_like(x).at[col_chunks.reshape(-1)].set(x)
+        return jnp.zeros_like(x).at[:, row_chunks.reshape(-1)].set(x).T
+
     return unsort(mean), unsort(total)
 
 

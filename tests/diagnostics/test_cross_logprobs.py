@@ -22,10 +22,10 @@ def params():
     return jax.tree.map(lambda x: 6.0 * x if x.ndim > 1 else x, init(CONFIG, jax.random.key(0)))
 
 
-# one row per chunk: every row picks its own width tier (3, 5 or 9)
-_cached = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG, row_chunk=1))
-_cached_batched = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG, row_chunk=None, num_tiers=1,
-                                            columns_per_step=2))
+# one row and one column per chunk: every row and prompt picks its own width tier (Z: 3, 5, 9; P: 4, 7, 13)
+_cached = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG, row_chunk=1, col_chunk=1))
+_cached_untiered = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG, row_chunk=0, col_chunk=0,
+                                             num_tiers=1))
 _naive = jax.jit(functools.partial(cross_logprobs.cross_log_probs_naive, CONFIG))
 
 
@@ -49,9 +49,9 @@ def test_prefix_cache_matches_naive(params, seed):
     assert mean.shape == total.shape == (ROWS, COLS)
     assert float(jnp.max(jnp.abs(mean - naive_mean))) < 1e-4
     assert float(jnp.max(jnp.abs(total - naive_total))) < 1e-4
-    if seed == 0:
-        batched_mean, _ = _cached_batched(params, *args, TEMPERATURE)
-        assert float(jnp.max(jnp.abs(batched_mean - mean))) < 1e-5
+    if seed == 0:  # all rows and columns in one chunk at the padded widths
+        untiered_mean, _ = _cached_untiered(params, *args, TEMPERATURE)
+        assert float(jnp.max(jnp.abs(untiered_mean - mean))) < 1e-5
     if seed == 1:  # a column passed with prompt length 0 is skipped (zeros); the others are unchanged
         skipped_mean, skipped_total = _cached(params, args[0], args[1].at[2].set(0), *args[2:], TEMPERATURE)
         assert float(jnp.max(jnp.abs(skipped_total[:, 2]))) == 0.0
