@@ -156,9 +156,16 @@ def _expected_family(spans, pairs, reference):
 
 
 @pytest.fixture(scope="module")
-def diagnostics_fn():
-    options = sampling.CollapseOptions(num_groups=GROUPS, num_samples=8, max_reasoning_len=6)
-    return jax.jit(lambda spans, key, state: sampling.collapse_diagnostics(_bigram_score, spans, key, state, options))
+def gated_fn():
+    """The gated entry point (every 5 steps), compiled once for every test below."""
+    options = sampling.CollapseOptions(num_groups=GROUPS, num_samples=8, max_reasoning_len=6, every=5)
+    return jax.jit(lambda step, spans, key, state: sampling.collapse_diagnostics_every(
+        step, _bigram_score, spans, key, state, options))
+
+
+@pytest.fixture(scope="module")
+def diagnostics_fn(gated_fn):
+    return lambda spans, key, state: gated_fn(jnp.int32(5), spans, key, state)
 
 
 @pytest.mark.parametrize("seed", [4, 5])
@@ -187,14 +194,11 @@ def test_first_turn_family_dropped_when_group_prompts_differ(diagnostics_fn):
     assert not math.isnan(float(metrics[f"{sampling.TRAJECTORY}/mi_estimate"]))
 
 
-def test_gate_skips_without_touching_state():
-    options = sampling.CollapseOptions(num_groups=GROUPS, num_samples=8, max_reasoning_len=6, every=5)
-    gated = jax.jit(lambda step, spans, key, state: sampling.collapse_diagnostics_every(
-        step, _bigram_score, spans, key, state, options))
+def test_gate_skips_without_touching_state(gated_fn):
     spans, state = _spans(4), sampling.init_state()
-    skipped, same = gated(jnp.int32(3), spans, jax.random.key(0), state)
+    skipped, same = gated_fn(jnp.int32(3), spans, jax.random.key(0), state)
     assert all(math.isnan(float(v)) for v in skipped.values())
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), same, state))
-    ran, new = gated(jnp.int32(5), spans, jax.random.key(0), state)
+    ran, new = gated_fn(jnp.int32(5), spans, jax.random.key(0), state)
     assert set(ran) == set(skipped) and not math.isnan(float(ran[f"{sampling.TRAJECTORY}/mi_estimate"]))
     assert bool(new[sampling.TRAJECTORY]["initialised"])
