@@ -123,25 +123,29 @@ class Sokoban(TextEnv):
         return dynamics.is_solved(s.room)
 
     def observation_pieces(self, s):
+        """Piece ids of the grid_coord text: 3 * (1 + num_boxes) + 4 coordinate slots and H * (W + 1) grid slots.
+        Rooms have one target per box (gym-sokoban's invariant), so each listing has at most num_boxes cells."""
+        k = self.num_boxes
         codes = dynamics.room_codes(s.room).reshape(-1)
         coord, next_coord = jnp.asarray(self._coord), jnp.asarray(self._next_coord)
-        cells = jnp.arange(codes.shape[0])
 
-        def listing(label, mask):
-            """Label and comma-separated coordinates of the cells in `mask`; all empty when none is."""
-            first = jnp.argmax(mask)
-            items = jnp.where(mask, jnp.where(cells == first, coord, next_coord), 0)
-            return jnp.concatenate([jnp.where(jnp.any(mask), label, 0)[None], items])
+        def listing(label, cells, shown):
+            """Label and comma-separated coordinates of `cells` i32[k] (row-major order) where `shown`."""
+            first = jnp.argmax(shown)
+            items = jnp.where(shown, jnp.where(jnp.arange(k) == first, coord[cells], next_coord[cells]), 0)
+            return jnp.concatenate([jnp.where(jnp.any(shown), label, 0)[None], items])
 
-        targets = s.room.fixed.reshape(-1) == dynamics.TARGET
+        targets = jnp.nonzero(s.room.fixed.reshape(-1) == dynamics.TARGET, size=k, fill_value=0)[0]
+        boxes = jnp.sort(s.room.boxes)
+        box_on_target = codes[boxes] == dynamics.CODE_BOX_ON_TARGET
         on_target = codes[s.room.player] == dynamics.CODE_PLAYER_ON_TARGET
         symbols = jnp.asarray(self._symbol)[codes].reshape(self.height, self.width)
         newlines = jnp.full((self.height, 1), self._newline).at[-1].set(0)
         return jnp.concatenate([
             jnp.array([self._header]),
-            listing(self._box_labels[0], targets),
-            listing(self._box_labels[1], codes == dynamics.CODE_BOX),
-            listing(self._box_labels[2], codes == dynamics.CODE_BOX_ON_TARGET),
+            listing(self._box_labels[0], targets, jnp.ones((k,), bool)),
+            listing(self._box_labels[1], boxes, ~box_on_target),
+            listing(self._box_labels[2], boxes, box_on_target),
             jnp.stack([jnp.asarray(self._player_labels)[on_target.astype(jnp.int32)], coord[s.room.player]]),
             jnp.array([self._grid_label]),
             jnp.concatenate([symbols, newlines], axis=1).reshape(-1),
