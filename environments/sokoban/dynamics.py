@@ -141,6 +141,9 @@ def room_from_codes(codes: np.ndarray) -> Room:
     players = np.flatnonzero(np.isin(flat, (CODE_PLAYER, CODE_PLAYER_ON_TARGET)))
     if players.size != 1:
         raise ValueError(f"room_from_codes: expected exactly one player cell, found {players.size}")
+    if (fixed == TARGET).sum() != boxes.size or boxes.size == 0:
+        raise ValueError(f"room_from_codes: need one target per box, found {(fixed == TARGET).sum()} targets "
+                         f"and {boxes.size} boxes")
     return Room(
         fixed=jnp.asarray(fixed, jnp.int32),
         boxes=jnp.asarray(boxes, jnp.int32),
