@@ -10,7 +10,8 @@ taken separately on that bucket's rows (no optimizer step, parameters untouched)
   task = policy_loss(...)            entropy = -entropy_coeff * agg(H)      kl = kl_coef * agg(kl_penalty)
 
 so task + entropy + kl is the actor loss and the three gradients sum to its gradient. Logged (RAGEN names,
-prefix `grad_norm/`): `<bucket>/{task,entropy,kl}` global L2 norms, `<bucket>/per_sample/<c>` (norm / rows),
+prefix `grad_norm/`): `<bucket>/{task,entropy,kl}` global L2 norms and `<bucket>/total` (the norm of their sum,
+the actor's gradient on that bucket), `<bucket>/per_sample/<c>` (norm / rows),
 `<bucket>/per_token/<c>` (norm / loss tokens), `<bucket>/loss/{policy,entropy,kl,total}` (the signed terms
 above), `<bucket>/sample_count|sample_pct|group_rv_count`, `<bucket>/reward_std_mean|min|max` (over the bucket's
 groups), and `all/reg` = ||g_entropy + g_kl|| with `all/snr` = ||g_task|| / ||g_reg|| (the SNR proxy of E.2).
@@ -197,19 +198,6 @@ def _check_chunk(batch: GradBatch, chunk_rows: int) -> int:
     return chunk_rows
 
 
-def component_gradients(logits_fn: LogitsFn, params, batch: GradBatch, hyper: LossHyper, rows: jax.Array, *,
-                        agg_mode: str, kl_type: str = "kl", chunk_rows: int = 16):
-    """The gradients of the task, entropy and KL terms on the rows selected by `rows` (bool/f32[B]).
-
-    Returns (terms f32[3], [g_task, g_entropy, g_kl]) with each gradient shaped like `params`.
-    """
-    chunk_rows = _check_chunk(batch, chunk_rows)
-    outputs = _all_outputs(logits_fn, params, batch, hyper.temperature, chunk_rows)
-    terms, grads, _ = _bucket_gradients(logits_fn, params, batch, outputs, rows.astype(jnp.float32), hyper,
-                                        agg_mode, kl_type, chunk_rows)
-    return terms, grads
-
-
 def gradient_analysis(logits_fn: LogitsFn, params, batch: GradBatch, hyper: LossHyper, *, agg_mode: str,
                       kl_type: str = "kl", bucket_mode: str = "quantile", num_buckets: int = 6,
                       chunk_rows: int = 16, prefix: str = "grad_norm") -> dict:
@@ -231,11 +219,11 @@ def gradient_analysis(logits_fn: LogitsFn, params, batch: GradBatch, hyper: Loss
     def per_bucket(rows):
         terms, grads, tokens = _bucket_gradients(logits_fn, params, batch, outputs, rows, hyper, agg_mode, kl_type,
                                                  chunk_rows)
-        norms = jnp.stack([_global_norm(g) for g in grads])
-        reg = _global_norm(jax.tree.map(jnp.add, grads[1], grads[2]))
-        return terms, norms, reg, jnp.sum(rows), tokens
+        reg = jax.tree.map(jnp.add, grads[1], grads[2])
+        norms = jnp.stack([_global_norm(g) for g in (*grads, jax.tree.map(jnp.add, grads[0], reg), reg)])
+        return terms, norms, jnp.sum(rows), tokens
 
-    terms, norms, reg, rows, tokens = jax.lax.map(per_bucket, in_bucket.astype(jnp.float32))
+    terms, norms, rows, tokens = jax.lax.map(per_bucket, in_bucket.astype(jnp.float32))  # norms: task ent kl total reg
 
     rv = batch.group_rv.astype(jnp.float32)[None, :]
     group_count = jnp.sum(group_in, axis=1).astype(jnp.float32)
@@ -256,9 +244,10 @@ def gradient_analysis(logits_fn: LogitsFn, params, batch: GradBatch, hyper: Loss
             out[f"{key}/{comp}"] = jnp.where(empty, nan, norms[k, c])
             out[f"{key}/per_sample/{comp}"] = jnp.where(empty, nan, norms[k, c] / jnp.maximum(rows[k], 1.0))
             out[f"{key}/per_token/{comp}"] = jnp.where(empty, nan, norms[k, c] / jnp.maximum(tokens[k], 1.0))
+        out[f"{key}/total"] = jnp.where(empty, nan, norms[k, 3])
         for c, term in enumerate(("policy", "entropy", "kl")):
             out[f"{key}/loss/{term}"] = jnp.where(empty, nan, terms[k, c])
         out[f"{key}/loss/total"] = jnp.where(empty, nan, jnp.sum(terms[k]))
-    out[f"{prefix}/all/reg"] = reg[0]
-    out[f"{prefix}/all/snr"] = norms[0, 0] / jnp.maximum(reg[0], 1e-30)
+    out[f"{prefix}/all/reg"] = norms[0, 4]
+    out[f"{prefix}/all/snr"] = norms[0, 0] / jnp.maximum(norms[0, 4], 1e-30)
     return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}

@@ -92,13 +92,16 @@ def setup():
         advantages=jnp.asarray(np.broadcast_to(adv[:, None], zeros.shape), jnp.float32), ref_logp=zeros,
         row_valid=jnp.asarray(row_valid), group_ids=jnp.asarray(np.repeat(np.arange(GROUPS), GROUP_SIZE), jnp.int32),
         group_rv=jnp.asarray(group_rv, jnp.float32))
-    (_, logp), _ = _total_value_and_grad(params, batch, batch.row_valid.astype(jnp.float32))  # current log-probs
+    (_, logp), _ = _total_value_and_grad(params, batch, batch.row_valid.astype(jnp.float32), jnp.ones(3))
     noise = lambda scale: scale * jnp.asarray(rng.normal(size=logp.shape), jnp.float32)  # noqa: E731
     return params, batch.replace(old_logp=logp + noise(0.05), ref_logp=logp + noise(0.3))
 
 
-def _total_loss(params, batch, rows):
-    """(actor loss, logp) written directly: plain log-softmax and entropy, then the objective's terms."""
+def _total_loss(params, batch, rows, weights):
+    """(weighted actor loss, logp) written directly: plain log-softmax and entropy, then the objective's terms.
+
+    weights f32[3] scale the (task, entropy, kl) terms, so one compiled gradient gives each component.
+    """
     logits = _logits_fn(params, batch.tokens, batch.positions, batch.attention_mask)[:, :-1] / HYPER.temperature
     logsm = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(logsm, batch.tokens[:, 1:, None], axis=-1)[..., 0]
@@ -106,16 +109,13 @@ def _total_loss(params, batch, rows):
     mask = batch.loss_mask * rows[:, None]
     task, _ = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask, HYPER.clip_low, HYPER.clip_high,
                                  HYPER.clip_c, AGG)
-    kl = losses.agg_loss(losses.kl_penalty(logp, batch.ref_logp, KL), mask, AGG)
-    return task - HYPER.entropy_coeff * losses.agg_loss(entropy, mask, AGG) + HYPER.kl_coef * kl, logp
+    ent = -HYPER.entropy_coeff * losses.agg_loss(entropy, mask, AGG)
+    kl = HYPER.kl_coef * losses.agg_loss(losses.kl_penalty(logp, batch.ref_logp, KL), mask, AGG)
+    return weights @ jnp.stack([task, ent, kl]), logp
 
 
 _total_value_and_grad = jax.jit(jax.value_and_grad(_total_loss, has_aux=True))
-
-
 # 2-row chunks: buckets of 3 rows span two chunks, the second one partly padded
-_components = jax.jit(functools.partial(gradients.component_gradients, _logits_fn, agg_mode=AGG, kl_type=KL,
-                                        chunk_rows=2))
 _analysis = jax.jit(functools.partial(gradients.gradient_analysis, _logits_fn, agg_mode=AGG, kl_type=KL,
                                       chunk_rows=2))
 
@@ -124,46 +124,47 @@ def _norm(tree):
     return math.sqrt(sum(float(jnp.sum(jnp.square(x))) for x in jax.tree.leaves(tree)))
 
 
-def test_component_gradients_sum_to_total_gradient(setup):
-    params, batch = setup
-    rows = batch.row_valid.astype(jnp.float32)
-    terms, grads = _components(params, batch, HYPER, rows)
-    (total_value, _), total_grad = _total_value_and_grad(params, batch, rows)
-    assert float(jnp.sum(terms)) == pytest.approx(float(total_value), rel=1e-5, abs=1e-7)
-    summed = jax.tree.map(lambda a, b, c: a + b + c, *grads)
-    diff = jax.tree.map(jnp.subtract, summed, total_grad)
-    assert _norm(diff) < 1e-5 * _norm(total_grad)
-    assert all(_norm(g) > 0 for g in grads)  # every component contributes
-
-
 def test_bucket_metrics(setup):
+    """Every bucket's component norms, their sum's norm, losses and RV statistics against direct gradients."""
     params, batch = setup
     out = {k: float(v) for k, v in _analysis(params, batch, HYPER).items()}
     rv = np.asarray(batch.group_rv)
-    valid_groups = np.arange(GROUPS - 1)  # the last group is filtered out
-    bucket = _reference_quantile(rv, np.isin(np.arange(GROUPS), valid_groups), 6)
+    valid = np.arange(GROUPS) < GROUPS - 1  # the last group is filtered out
+    bucket = _reference_quantile(rv, valid, 6)
+    group_of_row = np.repeat(np.arange(GROUPS), GROUP_SIZE)
     assert out["grad_norm/all/sample_count"] == (GROUPS - 1) * GROUP_SIZE
-    for b in range(6):
-        name = f"grad_norm/bucket_{b + 1}"
-        groups = np.flatnonzero(bucket == b)
+    buckets = [("all", np.flatnonzero(valid))] + [(f"bucket_{b + 1}", np.flatnonzero(bucket == b)) for b in range(6)]
+    for name, groups in buckets:
+        key = f"grad_norm/{name}"
         if len(groups) == 0:  # 5 valid groups -> 5 buckets: bucket_6 stays empty
-            assert b == 5 and out[f"{name}/sample_count"] == 0
-            assert math.isnan(out[f"{name}/task"]) and math.isnan(out[f"{name}/reward_std_mean"])
+            assert name == "bucket_6" and out[f"{key}/sample_count"] == 0
+            assert math.isnan(out[f"{key}/task"]) and math.isnan(out[f"{key}/reward_std_mean"])
             continue
-        rows = jnp.asarray(np.isin(np.repeat(np.arange(GROUPS), GROUP_SIZE), groups), jnp.float32)
-        terms, grads = _components(params, batch, HYPER, rows)
+        rows = jnp.asarray(np.isin(group_of_row, groups), jnp.float32)
         tokens = float(jnp.sum(batch.loss_mask * rows[:, None]))
-        assert out[f"{name}/sample_count"] == len(groups) * GROUP_SIZE
-        assert out[f"{name}/sample_pct"] == pytest.approx(len(groups) / (GROUPS - 1))
-        assert out[f"{name}/reward_std_mean"] == pytest.approx(rv[groups].mean(), rel=1e-6)
-        assert out[f"{name}/reward_std_min"] == pytest.approx(rv[groups].min(), rel=1e-6)
-        assert out[f"{name}/reward_std_max"] == pytest.approx(rv[groups].max(), rel=1e-6)
-        for comp, grad in zip(gradients.COMPONENTS, grads):
-            assert out[f"{name}/{comp}"] == pytest.approx(_norm(grad), rel=1e-4)
-            assert out[f"{name}/per_token/{comp}"] == pytest.approx(_norm(grad) / tokens, rel=1e-4)
-        assert out[f"{name}/loss/total"] == pytest.approx(float(jnp.sum(terms)), rel=1e-5, abs=1e-7)
+        direct = {}
+        for comp, weights in zip((*gradients.COMPONENTS, "total"), (*np.eye(3), np.ones(3))):
+            (value, _), grad = _total_value_and_grad(params, batch, rows, jnp.asarray(weights, jnp.float32))
+            direct[comp] = (float(value), _norm(grad))
+        for comp in (*gradients.COMPONENTS, "total"):  # the total checks that the components sum to the gradient
+            assert out[f"{key}/{comp}"] == pytest.approx(direct[comp][1], rel=1e-4, abs=1e-9), (name, comp)
+        for comp in gradients.COMPONENTS:
+            assert out[f"{key}/per_token/{comp}"] == pytest.approx(direct[comp][1] / tokens, rel=1e-4, abs=1e-9)
+            assert out[f"{key}/per_sample/{comp}"] == pytest.approx(
+                direct[comp][1] / (len(groups) * GROUP_SIZE), rel=1e-4, abs=1e-9)
+        for comp, term in zip(gradients.COMPONENTS, ("policy", "entropy", "kl")):
+            assert out[f"{key}/loss/{term}"] == pytest.approx(direct[comp][0], rel=1e-4, abs=1e-7)
+        assert out[f"{key}/sample_count"] == len(groups) * GROUP_SIZE
+        assert out[f"{key}/sample_pct"] == pytest.approx(len(groups) / (GROUPS - 1))
+        assert out[f"{key}/group_rv_count"] == len(groups)
+        assert out[f"{key}/reward_std_mean"] == pytest.approx(rv[groups].mean(), rel=1e-6)
+        assert out[f"{key}/reward_std_min"] == pytest.approx(rv[groups].min(), rel=1e-6)
+        assert out[f"{key}/reward_std_max"] == pytest.approx(rv[groups].max(), rel=1e-6)
     # the zero-variance group has zero advantages: no task gradient, but the regularisers still pull
     lowest = f"grad_norm/bucket_{bucket[0] + 1}"
     assert out[f"{lowest}/reward_std_max"] == 0.0 and out[f"{lowest}/task"] < 1e-7
     assert out[f"{lowest}/entropy"] > 0 and out[f"{lowest}/kl"] > 0
+    assert out["grad_norm/all/task"] > 0
+    _, reg_grad = _total_value_and_grad(params, batch, batch.row_valid.astype(jnp.float32), jnp.array([0.0, 1, 1]))
+    assert out["grad_norm/all/reg"] == pytest.approx(_norm(reg_grad), rel=1e-4)
     assert out["grad_norm/all/snr"] == pytest.approx(out["grad_norm/all/task"] / out["grad_norm/all/reg"], rel=1e-5)
