@@ -1,4 +1,6 @@
 """TextEnv's contract on two toy envs written here, against a plain-Python simulation of the rules."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,11 +10,13 @@ from flax import struct
 from environments import registry
 from environments.base import TextEnv
 from environments.pieces import PieceTable
+from tests.environments.helpers import batched, encode, obs_text, take
 
 SIZE = 5
 WORDS = ("Left", "Right", "Jump")
 BUDGET = 3
-R = 48
+R = 48  # response tokens
+N = 48  # envs per batched call (one compiled reset and step per env)
 
 
 @struct.dataclass
@@ -87,52 +91,40 @@ def simulate(pos, actions_left, done, parts, goal_reward=1.0):
                 actions_left=actions_left)
 
 
-@pytest.fixture(scope="module")
-def line(builtin_tokenizer):
-    """Line with the built-in tokenizer (the BPE path of rendering and parsing is tested elsewhere)."""
-    tokenizer = builtin_tokenizer
-    env = Line(tokenizer, max_actions_per_traj=BUDGET)
-    return env, jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, 0, None))), jax.jit(jax.vmap(env.reset, (0, None)))
-
-
-def encode_batch(tokenizer, texts):
-    tokens = np.zeros((len(texts), R), np.int32)
-    lengths = np.zeros(len(texts), np.int32)
-    for i, t in enumerate(texts):
-        ids = tokenizer.encode(t)
-        tokens[i, : len(ids)], lengths[i] = ids, len(ids)
-    return jnp.asarray(tokens), jnp.asarray(lengths)
+@functools.cache
+def line_env(tokenizer):
+    """One Line env per tokenizer for the module, so its compiled batched reset and step are shared."""
+    return Line(tokenizer, max_actions_per_traj=BUDGET)
 
 
 def test_render_decodes_to_render_text(tokenizer):
-    env = Line(tokenizer, max_actions_per_traj=BUDGET)
-    reset = jax.jit(jax.vmap(env.reset, (0, None)))
-    obs, state = reset(jax.random.split(jax.random.key(0), 16), env.default_params)
-    for i in range(16):
-        s = jax.tree.map(lambda x: x[i], state)
+    env = line_env(tokenizer)
+    obs, state = batched(env).reset(jax.random.split(jax.random.key(0), N), env.default_params)
+    for i in range(N):
+        s = take(state, i)
         text = env.render_text(s)
         assert text == line_text(int(s.env.pos))
-        assert tokenizer.decode(np.asarray(obs.tokens[i, : obs.length[i]])) == text
-        assert (np.asarray(obs.tokens[i, obs.length[i]:]) == tokenizer.pad_id).all()
+        assert obs_text(tokenizer, obs, i) == text
 
 
-def test_turns_follow_the_python_rules(line, builtin_tokenizer):
-    env, step, _ = line
+def test_turns_follow_the_python_rules(builtin_tokenizer):
+    """The built-in tokenizer only: the BPE path of rendering and parsing is tested elsewhere."""
     tokenizer = builtin_tokenizer
+    env = line_env(tokenizer)
+    reset, step = batched(env)
     rng = np.random.default_rng(1)
-    n = 48
+    n = N
     pos = rng.integers(0, SIZE, n)
     left = rng.integers(0, BUDGET + 1, n)
     done = rng.random(n) < 0.15
     parts = [list(rng.choice(["Left", "Right", "Jump", "Fly", "right"], size=rng.integers(0, 4))) for _ in range(n)]
     texts = [f"<think>t</think><answer>{' || '.join(p)}</answer>" if i % 9 else " || ".join(p) for i, p in enumerate(parts)]
-    state = env.reset(jax.random.key(0), env.default_params)[1]
-    state = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,)), state)
-    state = state.replace(env=state.env.replace(pos=jnp.asarray(pos, jnp.int32)),
-                          actions_left=jnp.asarray(left, jnp.int32), done=jnp.asarray(done))
-    tokens, lengths = encode_batch(tokenizer, texts)
+    state = reset(jax.random.split(jax.random.key(0), n), env.default_params)[1]
+    state = state.replace(env=state.env.replace(pos=pos.astype(np.int32)), actions_left=left.astype(np.int32),
+                          done=done)
     params = env.default_params.replace(goal_reward=jnp.float32(2.5))
-    obs, new, reward, is_done, info = step(jax.random.split(jax.random.key(1), n), state, tokens, lengths, params)
+    out = step(jax.random.split(jax.random.key(1), n), state, *encode(tokenizer, texts, R), params)
+    obs, new, reward, is_done, info = jax.device_get(out)
     for i in range(n):
         want = simulate(int(pos[i]), int(left[i]), bool(done[i]), [p.strip() for p in parts[i]] if i % 9 else [],
                         goal_reward=2.5)
@@ -147,7 +139,7 @@ def test_turns_follow_the_python_rules(line, builtin_tokenizer):
         assert bool(is_done[i]) == bool(new.done[i]) == want["done"]
         assert int(new.actions_left[i]) == want["actions_left"]
         assert bool(info["success"][i]) == (want["pos"] == SIZE - 1)
-        assert tokenizer.decode(np.asarray(obs.tokens[i, : obs.length[i]])) == line_text(want["pos"])
+        assert obs_text(tokenizer, obs, i) == line_text(want["pos"])
 
 
 @struct.dataclass
@@ -187,13 +179,13 @@ class Echo(TextEnv):
 def test_free_text_answers(builtin_tokenizer):
     tokenizer = builtin_tokenizer
     env = Echo(tokenizer, enable_think=False)
-    step = jax.jit(jax.vmap(env.step, in_axes=(None, None, 0, 0, None)))
-    _, state = env.reset(jax.random.key(3), env.default_params)
-    t = int(state.env.target)
-    other = (t + 1) % 100
+    reset, step = batched(env)
+    _, state = reset(jax.random.split(jax.random.key(3), 5), env.default_params)
+    targets = np.asarray(state.env.target)
+    t, other = targets[0], (targets[1] + 1) % 100  # row 1 gets a wrong number
     texts = [f"<answer> {t:02d} || 7</answer>", f"<answer>{other:02d}</answer>", "<answer>x1</answer>",
-             f"{t:02d}", "<answer> || </answer>"]
-    out = step(jax.random.key(0), state, *encode_batch(tokenizer, texts), env.default_params)
+             f"{targets[3]:02d}", "<answer> || </answer>"]
+    out = step(jax.random.split(jax.random.key(0), 5), state, *encode(tokenizer, texts, R), env.default_params)
     _, new, reward, done, info = out
     np.testing.assert_array_equal(reward, [1.0, 0.0, 0.0, 0.0, 0.0])
     np.testing.assert_array_equal(info["format_ok"], [True, True, False, False, False])

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from environments.frozen_lake import FrozenLake, FrozenLakeState
+from tests.environments.helpers import assert_no_action_no_change, batched, encode, jit, obs_text, random_responses, take
 
 B, R, SIZE = 256, 64, 4
 GYM_MAP = ("SFFF", "FHFH", "FFFH", "HFFG")
@@ -53,27 +54,22 @@ def reference_text(holes, start, goal, pos, size=SIZE):
 @pytest.fixture(scope="module")
 def fl(builtin_tokenizer):
     env = FrozenLake(builtin_tokenizer)
-    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, 0, None)))
-    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+    reset, step = batched(env)
     return env, step, reset
 
 
 def responses(tokenizer, answers):
-    tokens = np.zeros((len(answers), R), np.int32)
-    lengths = np.zeros(len(answers), np.int32)
-    for i, a in enumerate(answers):
-        ids = tokenizer.encode(f"<think>go</think><answer>{a}</answer>")
-        tokens[i, : len(ids)], lengths[i] = ids, len(ids)
-    return jnp.asarray(tokens), jnp.asarray(lengths)
+    return encode(tokenizer, [f"<think>go</think><answer>{a}</answer>" for a in answers], R)
 
 
-def batch_state(env, holes, start, goal, pos):
-    """TurnState batch of B envs from numpy arrays (broadcast)."""
-    _, state = env.reset(jax.random.key(0), env.default_params)
-    b = lambda x, dt: jnp.broadcast_to(jnp.asarray(x, dt), (B, *np.shape(x)[np.ndim(x) - (1 if dt == bool else 0):]))
-    inner = FrozenLakeState(holes=jnp.broadcast_to(jnp.asarray(holes, bool), (B, SIZE * SIZE)),
-                            start=b(start, jnp.int32), goal=b(goal, jnp.int32), pos=b(pos, jnp.int32))
-    return state.replace(env=inner, actions_left=jnp.full((B,), 1000, jnp.int32), done=jnp.zeros((B,), bool))
+def batch_state(fl, holes, start, goal, pos):
+    """TurnState batch of B envs from numpy values (broadcast), with a budget that never runs out."""
+    env, _, reset = fl
+    _, state = reset(jax.random.split(jax.random.key(0), B), env.default_params)
+    b = lambda x: np.broadcast_to(np.asarray(x, np.int32), (B,))
+    inner = FrozenLakeState(holes=np.broadcast_to(np.asarray(holes, bool), (B, SIZE * SIZE)),
+                            start=b(start), goal=b(goal), pos=b(pos))
+    return state.replace(env=inner, actions_left=np.full((B,), 1000, np.int32), done=np.zeros((B,), bool))
 
 
 @settings(max_examples=12, deadline=None)
@@ -101,27 +97,26 @@ def test_map_statistics(fl):
     assert counts.min() > 0.4 * B / SIZE**2 and counts.max() < 1.8 * B / SIZE**2
 
 
-def test_render_matches_ragen_text(tokenizer):
-    env = FrozenLake(tokenizer)
-    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
-    render = jax.jit(jax.vmap(env.render))
-    obs, state = reset(jax.random.split(jax.random.key(3), 32), env.default_params)
-    s = jax.tree.map(np.asarray, state.env)
+def test_render_matches_ragen_text(fl, tokenizer):
+    """Maps from the module's (built-in tokenizer) reset, rendered by an env of each tokenizer."""
+    reset_env, _, reset = fl
+    env = reset_env if tokenizer is reset_env.tokenizer else FrozenLake(tokenizer)
+    _, state = reset(jax.random.split(jax.random.key(3), B), reset_env.default_params)
+    s = take(state.env, slice(None))
     # half the players moved somewhere (a hole, the goal or ice) to cover every label and symbol
-    moved = np.where(np.arange(32) % 2, np.random.default_rng(0).integers(0, SIZE * SIZE, 32), s.pos)
-    state = state.replace(env=state.env.replace(pos=jnp.asarray(moved, jnp.int32)))
-    obs = render(state.env)
-    for i in range(32):
-        text = env.render_text(jax.tree.map(lambda x: x[i], state))
+    moved = np.where(np.arange(B) % 2, np.random.default_rng(0).integers(0, SIZE * SIZE, B), s.pos)
+    state = state.replace(env=state.env.replace(pos=moved.astype(np.int32)))
+    obs = jit(jax.vmap(env.render))(state.env)
+    for i in range(B):
+        text = env.render_text(take(state, i))
         assert text == reference_text(s.holes[i], int(s.start[i]), int(s.goal[i]), int(moved[i]))
-        assert tokenizer.decode(np.asarray(obs.tokens[i, : obs.length[i]])) == text
-        assert (np.asarray(obs.tokens[i, obs.length[i]:]) == tokenizer.pad_id).all()
+        assert obs_text(tokenizer, obs, i) == text
 
 
 def test_slip_frequencies_match_the_stated_probabilities(fl, builtin_tokenizer):
     env, step, _ = fl
     holes = np.zeros(SIZE * SIZE, bool)
-    state = batch_state(env, holes, 5, 15, 5)  # player on (1, 1), interior: every move changes the tile
+    state = batch_state(fl, holes, 5, 15, 5)  # player on (1, 1), interior: every move changes the tile
     tokens, lengths = responses(builtin_tokenizer, ["Down"] * B)
     moved = {-SIZE: "Up", SIZE: "Down", -1: "Left", 1: "Right"}
     for success_rate in (0.7, 1.0 / 3.0, 1.0):
@@ -141,9 +136,12 @@ def test_slip_frequencies_match_the_stated_probabilities(fl, builtin_tokenizer):
 def test_slip_distribution_matches_gymnax():
     """gymnax FrozenLake-misc with the same success_rate draws the same three outcomes (two-sample test)."""
     env = GymnaxFrozenLake(desc=("FFFF", "FSFF", "FFFF", "FFFG"), success_rate=0.6)
-    state = env.reset(jax.random.key(0), env.default_params)[1]
-    step = jax.jit(jax.vmap(lambda k: env.step(k, state, 1, env.default_params)[1].position))
-    pos = np.asarray(step(jax.random.split(jax.random.key(1), 8 * B)))
+
+    def next_position(key):
+        state = env.reset(jax.random.key(0), env.default_params)[1]
+        return env.step(key, state, 1, env.default_params)[1].position
+
+    pos = np.asarray(jit(jax.vmap(next_position))(jax.random.split(jax.random.key(1), 8 * B)))
     n = 8 * B
     freq = {d: np.mean(pos == 5 + d) for d in (SIZE, -1, 1, -SIZE)}
     for d, p in ((SIZE, 0.6), (-1, 0.2), (1, 0.2), (-SIZE, 0.0)):
@@ -153,7 +151,7 @@ def test_slip_distribution_matches_gymnax():
 def run_ours(fl, tokenizer, holes, start, goal, actions):
     """Step B envs through action sequences actions[B, T] (success_rate 1): positions, rewards, dones."""
     env, step, _ = fl
-    state = batch_state(env, holes, start, goal, start)
+    state = batch_state(fl, holes, start, goal, start)
     trace = []
     for t in range(actions.shape[1]):
         tokens, lengths = responses(tokenizer, [ACTIONS[a] for a in actions[:, t]])
@@ -168,11 +166,11 @@ def test_deterministic_moves_match_gymnax_on_its_map(fl, builtin_tokenizer):
     actions = np.random.default_rng(0).integers(0, 4, (B, 8))
     ours = run_ours(fl, builtin_tokenizer, holes, 0, 15, actions)
     gx = GymnaxFrozenLake(desc=GYM_MAP, is_slippery=False)
-    gx_step = jax.jit(jax.vmap(gx.step_env, in_axes=(None, 0, 0, None)))
-    state = jax.vmap(lambda k: gx.reset(k, gx.default_params)[1])(jax.random.split(jax.random.key(0), B))
+    gx_step = jit(jax.vmap(gx.step_env, in_axes=(None, 0, 0, None)))
+    state = jit(jax.vmap(lambda k: gx.reset(k, gx.default_params)[1]))(jax.random.split(jax.random.key(0), B))
     done = np.zeros(B, bool)
     for t, (pos, reward, our_done) in enumerate(ours):
-        _, new, r, term, _ = gx_step(jax.random.key(t), state, jnp.asarray(actions[:, t]), gx.default_params)
+        _, new, r, term, _ = gx_step(jax.random.key(t), state, actions[:, t], gx.default_params)
         live = ~done  # once terminated, ours stays put (no auto-reset)
         np.testing.assert_array_equal(pos[live], np.asarray(new.position)[live])
         np.testing.assert_array_equal(reward[live], np.asarray(r)[live])
@@ -184,7 +182,7 @@ def test_deterministic_moves_match_gymnax_on_its_map(fl, builtin_tokenizer):
 def test_deterministic_moves_match_gymnasium_on_our_maps(fl, builtin_tokenizer):
     env, _, reset = fl
     _, state = reset(jax.random.split(jax.random.key(11), B), env.default_params)
-    s = jax.tree.map(np.asarray, state.env)
+    s = take(state.env, slice(None))
     actions = np.random.default_rng(1).integers(0, 4, (B, 6))
     for i in range(0, B, 64):  # a handful of maps, each through gymnasium
         ours = run_ours(fl, builtin_tokenizer, s.holes[i], s.start[i], s.goal[i], actions[:1].repeat(B, 0))
@@ -202,13 +200,13 @@ def test_deterministic_moves_match_gymnasium_on_our_maps(fl, builtin_tokenizer):
 def test_oracle_solves_deterministic_maps(fl, builtin_tokenizer):
     env, step, reset = fl
     _, state = reset(jax.random.split(jax.random.key(5), B), env.default_params)
-    state = state.replace(actions_left=jnp.full((B,), 1000, jnp.int32))
+    state = state.replace(actions_left=np.full((B,), 1000, np.int32))
     rng = np.random.default_rng(0)
-    lengths = [len(env.shortest_path(jax.tree.map(lambda x: np.asarray(x[i]), state.env))) for i in range(B)]
+    lengths = [len(env.shortest_path(take(state.env, i))) for i in range(B)]
     for turn in range(max(lengths) // 2 + 1):
-        answers, reasons = [], []
+        answers = []
         for i in range(B):
-            one = jax.tree.map(lambda x: x[i], state)
+            one = take(state, i)
             if bool(one.done):
                 answers.append("Left")
                 continue
@@ -233,15 +231,11 @@ def test_random_tokens_never_crash_or_corrupt(fl, builtin_tokenizer, data):
     seed = data.draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     _, state = reset(jax.random.split(jax.random.key(seed), B), env.default_params)
-    tokens = rng.integers(-3, builtin_tokenizer.vocab_size + 3, (B, R)).astype(np.int32)
+    tokens, lengths = random_responses(rng, builtin_tokenizer, B, R)
     tokens[: B // 2, :4] = builtin_tokenizer.encode("<think>")[0]  # some start like a real response
-    lengths = rng.integers(-2, R + 3, B).astype(np.int32)
-    _, new, reward, done, info = step(jax.random.split(jax.random.key(1), B), state, jnp.asarray(tokens),
-                                      jnp.asarray(lengths), env.default_params)
-    unchanged = np.asarray(info["num_actions"]) == 0
-    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(new)):
-        np.testing.assert_array_equal(np.asarray(a)[unchanged], np.asarray(b)[unchanged])
+    _, new, reward, done, info = step(jax.random.split(jax.random.key(1), B), state, tokens, lengths,
+                                      env.default_params)
+    unchanged = assert_no_action_no_change(state, new, reward, info)
     assert not np.asarray(info["format_ok"])[unchanged].any()
-    np.testing.assert_array_equal(np.asarray(reward)[unchanged], 0.0)
     pos = np.asarray(new.env.pos)
     assert ((pos >= 0) & (pos < SIZE * SIZE)).all()

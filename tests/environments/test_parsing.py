@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from environments.parsing import SPECIAL_STRINGS, ResponseParser
+from tests.environments.helpers import encode, jit
 
 WORDS = ("Left", "Down", "Right", "Up")
 MAX_ACTIONS = 2
@@ -32,15 +33,12 @@ def reference(text: str, think: bool):
 @pytest.fixture(scope="module")
 def parsers(tokenizer):
     """jit-compiled (think, no-think) parsers for one tokenizer: two compiles per tokenizer."""
-    return {think: jax.jit(ResponseParser(tokenizer, WORDS, MAX_ACTIONS, think).__call__) for think in (True, False)}
+    return {think: jit(ResponseParser(tokenizer, WORDS, MAX_ACTIONS, think).__call__) for think in (True, False)}
 
 
 def run(parsers, tokenizer, text, think, junk=0):
-    ids = tokenizer.encode(text)
-    assert len(ids) <= R, f"test text too long: {len(ids)} tokens"
-    tokens = np.full(R, junk, np.int32)  # tokens past the length must be ignored
-    tokens[: len(ids)] = ids
-    return ids, parsers[think](jnp.asarray(tokens), jnp.int32(len(ids)))
+    tokens, lengths = encode(tokenizer, [text], R, fill=junk)  # tokens past the length must be ignored
+    return tokens[0, : lengths[0]].tolist(), jax.device_get(parsers[think](tokens[0], lengths[0]))
 
 
 def check(parsers, tokenizer, text, think, junk=0):
