@@ -7,8 +7,8 @@ multi-turn trajectories (system prompt, then per turn an observation, `<think>`,
   grad_analysis:     `gradient_analysis` with 6 quantile buckets + all, three components each;
   scoring:           `cross_log_probs` vs `cross_log_probs_naive` for 8 prompts of 200 tokens x 64 reasoning
                      strings of 64 tokens.
-Each figure is the best of `repeats` timed calls after a compiling warm-up (the CPU may be shared); ratios are
-the figures that matter. Prints one JSON line.
+Every function is compiled and warmed up first, then `repeats` rounds call each in turn and each figure is its
+best time (the CPU may be shared); the ratios are the figures that matter. Prints one JSON line.
 
     .venv/bin/python experiments/benchmarks/diagnostics.py [--quick] [--num-samples 64]
 """
@@ -56,7 +56,7 @@ def best_times(fns: dict, repeats: int) -> dict:
 
 
 def make_batch(rng: np.random.Generator, vocab: int):
-    """Token buffer [B, LENGTH], spans and an update batch; group members share their turn-1 prompt."""
+    """(spans, attention mask, loss mask, advantages, group reward std); group members share their turn-1 prompt."""
     batch = GROUPS * GROUP_SIZE
     tokens = rng.integers(1, vocab, (batch, LENGTH)).astype(np.int32)
     group_ids = np.repeat(np.arange(GROUPS), GROUP_SIZE)
@@ -80,7 +80,7 @@ def make_batch(rng: np.random.Generator, vocab: int):
                                     think_len=jnp.asarray(length), turn_taken=jnp.asarray(taken),
                                     group_ids=jnp.asarray(group_ids, jnp.int32))
     rewards = rng.integers(0, 2, (GROUPS, GROUP_SIZE)).astype(np.float32)
-    adv = np.repeat(rewards - rewards.mean(1, keepdims=True), 1).reshape(-1)
+    adv = (rewards - rewards.mean(1, keepdims=True)).reshape(-1)  # Dr.GRPO-style outcome advantages
     return spans, jnp.asarray(attention), jnp.asarray(loss_mask), jnp.asarray(adv), rewards.std(1, ddof=1)
 
 

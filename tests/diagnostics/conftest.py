@@ -51,7 +51,8 @@ def _reference(lp, lps, true_col, sig, ema_std=None, ema_std_seq=None, eps=1e-3,
     ema_s = std_s if ema_std_seq is None else decay * ema_std_seq + (1 - decay) * std_s
     out.update(
         marginal_std=std, marginal_std_seq=std_s,
-        mi_zscore=np.mean((matched - marginal) / (std + eps)), mi_zscore_seq=np.mean((matched_s - marginal_s) / (std_s + eps)),
+        mi_zscore=np.mean((matched - marginal) / (std + eps)),
+        mi_zscore_seq=np.mean((matched_s - marginal_s) / (std_s + eps)),
         marginal_std_ema=ema, marginal_std_ema_seq=ema_s,
         mi_zscore_ema=np.mean((matched - marginal) / (ema + eps)),
         mi_zscore_ema_seq=np.mean((matched_s - marginal_s) / (ema_s + eps)),

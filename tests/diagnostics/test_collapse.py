@@ -81,8 +81,8 @@ def test_random_matrices_match_reference(seed, collapse_reference):
     keep_rows = row_valid & col_valid[true_col]
     col_index = np.cumsum(col_valid) - 1
     prior = (0.7, 5.0) if seed % 3 else (None, None)
-    want = collapse_reference(lp[keep_rows][:, col_valid].astype(np.float32), lps[keep_rows][:, col_valid].astype(np.float32),
-                      col_index[true_col[keep_rows]], list(sig[col_valid]), *prior)
+    valid_lp, valid_lps = (m[keep_rows][:, col_valid].astype(np.float32) for m in (lp, lps))
+    want = collapse_reference(valid_lp, valid_lps, col_index[true_col[keep_rows]], list(sig[col_valid]), *prior)
     assert set(got) == set(collapse.METRIC_NAMES)
     for name in collapse.METRIC_NAMES:
         assert got[name] == pytest.approx(float(want[name]), rel=1e-4, abs=1e-4), name
