@@ -4,7 +4,7 @@ For the tiny default config and a mid config it measures
   decode: new tokens/s of `ragen_jax.rollout.sampler.generate` vs `transformers` `generate` (batch 128,
           prompt 128, 64 new tokens, temperature 1, both including the prefill);
   train:  tokens/s of one forward + backward + AdamW step on next-token cross-entropy;
-plus the train step's achieved GFLOP/s against a float32 matmul measured in the same run. JAX functions are
+plus the train step's achieved GFLOP/s against float32 matmuls timed alternately with it. JAX functions are
 compiled ahead of time (compilation is not timed); the two sides then run alternately (so both see the same
 machine load), after one warm-up call each unless --quick, and each figure is the best of the timed runs.
 Prints one JSON line.
@@ -29,6 +29,10 @@ from ragen_jax import models
 from ragen_jax.models import transformer as tfm
 from ragen_jax.rollout import sampler
 
+GOALS = {  # figure -> minimum (the issue's goals on this CPU)
+    "tiny.decode_ratio": 3.0, "tiny.train_ratio": 1.5, "mid.decode_ratio": 1.0, "mid.train_ratio": 1.0,
+    "mid.train_vs_matmul": 0.4,
+}
 SIZES = {  # name -> (ModelConfig sizes, train batch, train length)
     "tiny": (dict(vocab_size=512, d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, mlp_dim=512), 128, 320),
     "mid": (dict(vocab_size=4096, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4, mlp_dim=1408), 32, 512),
@@ -50,11 +54,16 @@ def best_times(fns, repeats: int, warmup: bool) -> list[float]:
     return [min(t) for t in times]
 
 
-def matmul_gflops(repeats: int, n: int = 2048) -> float:
+def matmul_reference(n: int = 2048, chain: int = 8):
+    """(blocking callable, its FLOPs): `chain` dependent float32 n x n matmuls, about as long as a train step."""
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    mm = jax.jit(lambda x, y: x @ y).lower(a, b).compile()
-    return 2 * n ** 3 / best_times([lambda: mm(a, b).block_until_ready()], 5 * repeats, True)[0] / 1e9
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32) / np.sqrt(n)
+
+    def chained(x, y):
+        return jax.lax.fori_loop(0, chain, lambda _, acc: acc @ y, x)
+
+    compiled = jax.jit(chained).lower(a, b).compile()
+    return (lambda: compiled(a, b).block_until_ready()), 2.0 * chain * n ** 3
 
 
 def train_flops(c: models.ModelConfig, batch: int, length: int) -> float:
@@ -131,9 +140,11 @@ def bench_train(c, params, hf, batch, length, repeats, warmup):
         opt_t.step()
         opt_t.zero_grad(set_to_none=True)
 
-    jax_time, torch_time = best_times([run_jax, run_torch], repeats, warmup)
+    run_matmul, matmul_flops = matmul_reference()
+    jax_time, torch_time, matmul_time = best_times([run_jax, run_torch, run_matmul], repeats, warmup)
     trained = batch * length
-    return trained / jax_time, trained / torch_time, train_flops(c, batch, length) / jax_time
+    flops = train_flops(c, batch, length)
+    return trained / jax_time, trained / torch_time, flops / jax_time, matmul_flops / matmul_time
 
 
 def main() -> None:
@@ -145,8 +156,7 @@ def main() -> None:
     threads = os.cpu_count()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    result = {"threads": threads, "jax": jax.__version__, "torch": torch.__version__, "repeats": repeats,
-              "matmul_gflops": round(matmul_gflops(repeats), 1)}
+    result = {"threads": threads, "jax": jax.__version__, "torch": torch.__version__, "repeats": repeats}
     for name in [args.only] if args.only else SIZES:
         sizes, batch, length = SIZES[name]
         c = models.ModelConfig(head_dim=sizes["d_model"] // sizes["num_heads"], tie_embeddings=True,
@@ -154,16 +164,21 @@ def main() -> None:
         hf = hf_model(c).eval()
         params = jax.jit(tfm.init_params, static_argnums=0)(c, jax.random.key(0))
         decode_jax, decode_torch = bench_decode(c, params, hf, repeats, not args.quick)
-        train_jax, train_torch, gflops = bench_train(c, params, hf, batch, length, repeats, not args.quick)
+        train_jax, train_torch, gflops, matmul = bench_train(c, params, hf, batch, length, repeats, not args.quick)
         result[name] = {
             "decode_tok_s": {"jax": round(decode_jax, 1), "torch": round(decode_torch, 1),
                              "ratio": round(decode_jax / decode_torch, 3)},
             "train_tok_s": {"jax": round(train_jax, 1), "torch": round(train_torch, 1),
                             "ratio": round(train_jax / train_torch, 3)},
             "train_gflops": round(gflops / 1e9, 1),
-            "train_vs_matmul": round(gflops / 1e9 / result["matmul_gflops"], 3),
+            "matmul_gflops": round(matmul / 1e9, 1),
+            "train_vs_matmul": round(gflops / matmul, 3),
             "batch": {"decode": [DECODE_BATCH, PROMPT_LEN, NEW_TOKENS], "train": [batch, length]},
         }
+    figures = {f"{n}.{k}": v for n in SIZES if n in result for k, v in (
+        ("decode_ratio", result[n]["decode_tok_s"]["ratio"]), ("train_ratio", result[n]["train_tok_s"]["ratio"]),
+        ("train_vs_matmul", result[n]["train_vs_matmul"]))}
+    result["goals_met"] = {k: figures[k] >= v for k, v in GOALS.items() if k in figures}
     print(json.dumps(result))
 
 

@@ -1,7 +1,8 @@
 """Preallocated key/value cache with per-row lengths, extendable across turns.
 
-Layout: `k`, `v` are `[num_layers, B, max_len, num_kv_heads, head_dim]` (the per-layer buffers stacked, so the
-decoder's `lax.scan` over layers updates them in place) in the compute dtype; `lengths` is `int32[B]`.
+Layout: `k`, `v` are `[num_layers, B, num_kv_heads, max_len, head_dim]` (the per-layer buffers stacked, so the
+decoder's `lax.scan` over layers updates them in place; kv-head-major so attention reads a layer's slice without
+a transpose) in the compute dtype; `lengths` is `int32[B]`.
 Row b is *compact*: slots `0 .. lengths[b]-1` hold its real tokens in order (keys already rotated by RoPE),
 everything from `lengths[b]` on is free (stale values there are never attended to). Appending a chunk of T
 tokens of which the first `num_new[b]` are real (right padding) writes them at slots `lengths[b] ..` and
@@ -23,7 +24,7 @@ from ragen_jax.models.config import ModelConfig
 
 @flax.struct.dataclass
 class KVCache:
-    """k, v: [L, B, S, K, hd] compute dtype; lengths: int32[B] valid slots per row."""
+    """k, v: [L, B, K, S, hd] compute dtype; lengths: int32[B] valid slots per row."""
 
     k: jax.Array
     v: jax.Array
@@ -31,7 +32,7 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     @property
     def batch_size(self) -> int:
@@ -43,7 +44,7 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int | None = None)
     max_len = config.max_seq_len if max_len is None else max_len
     if max_len > config.max_seq_len:
         raise ValueError(f"KV cache max_len = {max_len} exceeds ModelConfig.max_seq_len = {config.max_seq_len}")
-    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
     return KVCache(k=jnp.zeros(shape, config.dtype), v=jnp.zeros(shape, config.dtype),
                    lengths=jnp.zeros((batch_size,), jnp.int32))
 
@@ -59,15 +60,22 @@ def repeat_rows(cache: KVCache, repeats: int) -> KVCache:
     return take_rows(cache, jnp.repeat(jnp.arange(cache.batch_size), repeats))
 
 
+def truncate(cache: KVCache, max_len: int) -> KVCache:
+    """The first `max_len` slots of every row (static); rows longer than that keep only those slots."""
+    return KVCache(k=cache.k[:, :, :, :max_len], v=cache.v[:, :, :, :max_len],
+                   lengths=jnp.minimum(cache.lengths, max_len))
+
+
 def write_layer(buffer: jax.Array, layer: jax.Array, lengths: jax.Array, new: jax.Array) -> jax.Array:
-    """Writes `new` [B, T, K, hd] into `buffer` [L, B, S, K, hd] at layer `layer`, row b slots lengths[b]+t.
+    """Writes `new` [B, T, K, hd] into `buffer` [L, B, K, S, hd] at layer `layer`, row b slots lengths[b]+t.
 
     Out-of-range slots are dropped (never clamped onto valid history).
     """
     batch, steps = new.shape[:2]
     rows = jnp.arange(batch)[:, None]
     slots = lengths[:, None] + jnp.arange(steps)[None, :]
-    return buffer.at[layer, rows, slots].set(new.astype(buffer.dtype), mode="drop")
+    # advanced indices (layer, rows, slots) around a slice: the update is indexed [B, T, K, hd], like `new`
+    return buffer.at[layer, rows, :, slots].set(new.astype(buffer.dtype), mode="drop")
 
 
 def cache_attention_mask(lengths: jax.Array, steps: int, max_len: int) -> jax.Array:

@@ -141,16 +141,26 @@ def _dense(x: jax.Array, p: Params) -> jax.Array:
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention without materialising repeated kv heads.
 
-    q: [B, T, H, hd]; k, v: [B, S, K, hd]; mask: bool[B, T, S] (True = may attend). Returns [B, T, H*hd].
-    Scores and softmax in float32; a fully masked query row attends uniformly (no NaN).
+    q: [B, T, H, hd]; k, v: [B, K, S, hd] (kv-head-major, the KV cache layout); mask: bool[B, T, S]
+    (True = may attend). Returns [B, T, H*hd]. Scores and softmax in float32; a fully masked query row
+    attends uniformly (no NaN).
     """
     B, T, H, hd = q.shape
-    K = k.shape[2]
-    q = q.reshape(B, T, K, H // K, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    K = k.shape[1]
+    q = jnp.transpose(q.reshape(B, T, K, H // K, hd), (0, 2, 3, 1, 4))  # [B, K, G, T, hd]
+    if T == 1:
+        # one-token decode: broadcast-multiply + reduce fuses with the read of a cache layer slice, where a batch
+        # of [G, hd] x [hd, S] dots first copies the slice (XLA:CPU); ~15% faster decode steps
+        scores = jnp.sum(q.astype(jnp.float32) * k[:, :, None].astype(jnp.float32), axis=-1)[:, :, :, None]
+    else:
+        scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * (hd ** -0.5), jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H * hd)
+    if T == 1:
+        out = jnp.sum(probs[:, :, :, 0, :, None] * v[:, :, None], axis=3)[:, :, :, None]
+    else:
+        out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H * hd)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -162,8 +172,8 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
     T = q.shape[1]
     blocks = min(8, -(-T // _MIN_QUERY_BLOCK))
     size = -(-T // blocks)
-    outs = [attention(q[:, lo:lo + size], k[:, :lo + size], v[:, :lo + size], mask[:, lo:lo + size, :lo + size])
-            for lo in range(0, T, size)]
+    outs = [attention(q[:, lo:lo + size], k[:, :, :lo + size], v[:, :, :lo + size],
+                      mask[:, lo:lo + size, :lo + size]) for lo in range(0, T, size)]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
@@ -207,6 +217,7 @@ def hidden_states(config: ModelConfig, params: Params, tokens: jax.Array, positi
     def block(x, layer):
         h = rms_norm(x, layer["input_norm"]["scale"], config.norm_eps)
         q, k, v = _qkv(config, layer, h, positions, inv_freq)
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
         x = x + _dense(causal_attention(q, k, v, mask), layer["o_proj"])
         return _mlp(config, layer, x), None
 
@@ -315,6 +326,7 @@ class Model:
         return values(self.config, value_params, tokens, positions, attention_mask)
 
     def init_value_params(self, key, backbone=None):
+        """Critic params whose backbone copies `backbone` (default: this model's params)."""
         return init_value_params(self.config, key, self.params if backbone is None else backbone)
 
     def init_cache(self, batch_size: int, max_len: int | None = None) -> kv.KVCache:

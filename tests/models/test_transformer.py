@@ -300,5 +300,5 @@ def test_blocked_causal_attention_equals_reference():
     q, k, v = (rng.normal(size=(B, T, n, hd)).astype(np.float32) for n in (H, K, K))
     pad = np.arange(T)[None, :] >= np.array([0, 37])[:, None]  # row 1 has 37 left pads
     mask = np.tril(np.ones((T, T), bool))[None] & pad[:, None, :] & pad[:, :, None]
-    out = jax.jit(tfm.causal_attention)(q, k, v, mask)
+    out = jax.jit(tfm.causal_attention)(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask)  # kv-head-major
     np.testing.assert_allclose(np.asarray(out)[pad], _numpy_attention(q, k, v, mask)[pad], atol=1e-5)
