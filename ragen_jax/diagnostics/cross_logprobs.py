@@ -89,8 +89,7 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
 
         def score_rows(row_ids, width):
             tokens, row_len = reasoning[row_ids, :width], reasoning_len[row_ids]
-            prefix = kv.KVCache(k=cache.k[:, :, :prompt_width + width], v=cache.v[:, :, :prompt_width + width],
-                                lengths=cache.lengths)
+            prefix = kv.truncate(cache, prompt_width + width)
 
             def score(j):
                 rows = kv.take_rows(prefix, jnp.full((rc,), j, jnp.int32))
