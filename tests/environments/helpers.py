@@ -6,9 +6,12 @@ is XLA compilation, so:
   shapes by every test that uses it;
 * rows of batched results are read from one host copy (indexing a device array row by row dispatches a
   small program per access, and slices of varying length compile a new one per length);
-* `jit` compiles at LLVM optimisation level 0 (`FAST_COMPILE`): the tests check what a program computes,
-  which that level does not change (it acts after every HLO pass), and an env step then compiles in
-  about half the CPU time. Running is slower, which tiny test batches do not notice.
+* `jit` compiles with `FAST_COMPILE`: XLA CPU's elemental IR emitters instead of its newer fusion emitters,
+  and LLVM optimisation level 0. Both only change how the optimised HLO becomes machine code, i.e. how
+  fast a program runs, not what it computes (which is what these tests check). An env step then compiles
+  in about a quarter of the CPU time (e.g. 1.3 s instead of 6 s) and runs 5-8x slower, which small test
+  batches afford. Programs the library jits itself (e.g. `render_text`) and other test modules keep the
+  defaults, so the default code path stays covered.
 """
 from __future__ import annotations
 
@@ -19,7 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+import environments
+from environments import arithmetic, countdown
+from environments.datasets import instance_index
+
+FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
 
 
 def jit(fn: Callable, **kwargs) -> Callable:
@@ -75,10 +82,18 @@ def assert_no_action_no_change(state, new, reward, info) -> np.ndarray:
     return unchanged
 
 
-def _strong(tree):
+def strong_types(tree):
     """The same values without weak types. gymnax puts Python scalars into its states, so a state fresh
     from reset and one after a step would otherwise be two signatures, and every step compiles twice."""
     return jax.tree.map(lambda x: jax.lax.convert_element_type(x, x.dtype), tree)
+
+
+@functools.cache
+def make_env(name: str, tokenizer, **overrides):
+    """`environments.make`, once per (name, tokenizer, overrides) for the session. Envs outlive module
+    fixtures, which pytest sets up again when it regroups tests by the session-scoped `tokenizer`
+    parameter, so `batched(env)` stays the same compiled pair."""
+    return environments.make(name, tokenizer, **overrides)
 
 
 class EnvFns(NamedTuple):
@@ -96,11 +111,11 @@ def batched(env) -> EnvFns:
 
     def reset(keys, params):
         obs, state = jax.vmap(env.reset, (0, None))(keys, params)
-        return obs, _strong(state)
+        return obs, strong_types(state)
 
     def step(keys, state, tokens, lengths, params):
         obs, new, reward, done, info = jax.vmap(env.step, (0, 0, 0, 0, None))(keys, state, tokens, lengths, params)
-        return obs, _strong(new), reward, done, info
+        return obs, strong_types(new), reward, done, info
 
     return EnvFns(jit(reset), jit(step))
 
@@ -109,3 +124,22 @@ def batched(env) -> EnvFns:
 def key_seeds(keys):
     """u32[B] the first 32 random bits of each key, the documented instance seed of a dataset draw."""
     return jax.vmap(lambda k: jax.random.bits(k, (), jnp.uint32))(keys)
+
+
+@functools.partial(jit, static_argnums=1)
+def instance_indices(keys, size: int):
+    """`datasets.instance_index(key, size)` over a batch of keys."""
+    return jax.vmap(instance_index, (0, None))(keys, size)
+
+
+@functools.cache
+def countdown_sampler(operators: str, max_target: int) -> Callable:
+    """`countdown.sample_instance` with these options over a batch of keys -> (nums, count, target),
+    compiled once per option set for the session (test_countdown and test_datasets share it)."""
+    return jit(jax.vmap(lambda k: countdown.sample_instance(k, operators=operators, max_target=max_target)))
+
+
+@jit
+def sample_problems(keys):
+    """`arithmetic.sample_problem` over a batch of keys (test_arithmetic and test_datasets share it)."""
+    return jax.vmap(arithmetic.sample_problem)(keys)

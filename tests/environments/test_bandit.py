@@ -8,6 +8,9 @@ from hypothesis import strategies as st
 
 import environments
 from environments.bandit import ARM_PAIRS
+from tests.environments.helpers import (
+    assert_no_action_no_change, batched, encode, make_env, obs_text, random_responses, take,
+)
 
 B, R = 1024, 48
 
@@ -25,24 +28,19 @@ def reference_prompt(a, b):
 
 @pytest.fixture(scope="module")
 def bandit(builtin_tokenizer):
-    env, params = environments.make("bandit", builtin_tokenizer)
-    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, 0, None)))
-    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+    env, params = make_env("bandit", builtin_tokenizer)
+    reset, step = batched(env)
     return env, params, step, reset
 
 
 def responses(tokenizer, answers):
-    tokens = np.zeros((len(answers), R), np.int32)
-    lengths = np.zeros(len(answers), np.int32)
-    for i, a in enumerate(answers):
-        ids = tokenizer.encode(f"<think>hmm</think><answer> {a} </answer>")
-        tokens[i, : len(ids)], lengths[i] = ids, len(ids)
-    return jnp.asarray(tokens), jnp.asarray(lengths)
+    return encode(tokenizer, [f"<think>hmm</think><answer> {a} </answer>" for a in answers], R)
 
 
-def shown_names(env, state, i):
-    lo, hi = env.pairs[int(state.env.pair[i])]
-    return (hi, lo) if bool(state.env.hi_first[i]) else (lo, hi)
+def shown_names(env, s):
+    """The arm names in the order the prompt of one unbatched state shows them."""
+    lo, hi = env.pairs[int(s.env.pair)]
+    return (hi, lo) if bool(s.env.hi_first) else (lo, hi)
 
 
 def test_same_key_same_prompt_and_uniform_draws(bandit, builtin_tokenizer):
@@ -58,13 +56,13 @@ def test_same_key_same_prompt_and_uniform_draws(bandit, builtin_tokenizer):
 
 
 def test_render_matches_the_prompt(tokenizer):
-    env, params = environments.make("bandit_test", tokenizer)
-    obs, state = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(jax.random.split(jax.random.key(1), 16), params)
+    env, params = make_env("bandit_test", tokenizer)
+    obs, state = batched(env).reset(jax.random.split(jax.random.key(1), 16), params)
     for i in range(16):
-        one = jax.tree.map(lambda x: x[i], state)
+        one = take(state, i)
         text = env.render_text(one)
-        assert text == reference_prompt(*shown_names(env, state, i))
-        assert tokenizer.decode(np.asarray(obs.tokens[i, : obs.length[i]])) == text
+        assert text == reference_prompt(*shown_names(env, one))
+        assert obs_text(tokenizer, obs, i) == text
     assert set(env.action_words) == {n for pair in ARM_PAIRS["test"] for n in pair}
     assert not set(env.action_words) & {n for pair in ARM_PAIRS["train"] for n in pair}
 
@@ -90,10 +88,9 @@ def test_payouts_and_success(bandit, builtin_tokenizer):
     assert not np.asarray(info["format_ok"])[B - 8 :].any() and not np.asarray(done)[B - 8 :].any()
     np.testing.assert_array_equal(np.asarray(new.env.pulled)[B - 8 :], -1)
     for i in (0, 1):
-        one = jax.tree.map(lambda x: x[i], new)
         name, pay = (hi, "1.0" if reward[i] == 1.0 else "0.0") if i % 2 else (lo, "0.1")
-        assert env.render_text(one) == f"{name}: {pay} points"
-        assert builtin_tokenizer.decode(np.asarray(obs.tokens[i, : obs.length[i]])) == f"{name}: {pay} points"
+        assert env.render_text(take(new, i)) == f"{name}: {pay} points"
+        assert obs_text(builtin_tokenizer, obs, i) == f"{name}: {pay} points"
     # a sweep value of the traced params, no recompile
     params2 = params.replace(hi_prob=jnp.float32(1.0))
     reward2 = np.asarray(step(jax.random.split(jax.random.key(4), B), state, tokens, lengths, params2)[2])
@@ -106,8 +103,9 @@ def test_oracle_picks_the_high_risk_arm(bandit, builtin_tokenizer):
     rng = np.random.default_rng(0)
     answers = []
     for i in range(B):
-        reasoning, answer = env.oracle(jax.tree.map(lambda x: x[i], state), rng)
-        assert all(name in reasoning for name in shown_names(env, state, i))
+        one = take(state, i)
+        reasoning, answer = env.oracle(one, rng)
+        assert all(name in reasoning for name in shown_names(env, one))
         answers.append(answer)
     info = step(jax.random.split(jax.random.key(6), B), state, *responses(builtin_tokenizer, answers), params)[4]
     assert np.asarray(info["success"]).all()
@@ -119,11 +117,6 @@ def test_random_tokens_never_crash_or_corrupt(bandit, builtin_tokenizer, seed):
     env, params, step, reset = bandit
     rng = np.random.default_rng(seed)
     _, state = reset(jax.random.split(jax.random.key(seed), B), params)
-    tokens = rng.integers(-3, builtin_tokenizer.vocab_size + 3, (B, R)).astype(np.int32)
-    lengths = rng.integers(-2, R + 3, B).astype(np.int32)
-    _, new, reward, _, info = step(jax.random.split(jax.random.key(1), B), state, jnp.asarray(tokens),
-                                   jnp.asarray(lengths), params)
-    unchanged = np.asarray(info["num_actions"]) == 0
-    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(new)):
-        np.testing.assert_array_equal(np.asarray(a)[unchanged], np.asarray(b)[unchanged])
-    np.testing.assert_array_equal(np.asarray(reward)[unchanged], 0.0)
+    tokens, lengths = random_responses(rng, builtin_tokenizer, B, R)
+    _, new, reward, _, info = step(jax.random.split(jax.random.key(1), B), state, tokens, lengths, params)
+    assert_no_action_no_change(state, new, reward, info)

@@ -93,7 +93,7 @@ def simulate(pos, actions_left, done, parts, goal_reward=1.0):
 
 @functools.cache
 def line_env(tokenizer):
-    """One Line env per tokenizer for the module, so its compiled batched reset and step are shared."""
+    """One Line env per tokenizer, so its compiled batched reset and step are shared by the tests."""
     return Line(tokenizer, max_actions_per_traj=BUDGET)
 
 

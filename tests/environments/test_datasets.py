@@ -3,7 +3,6 @@ import json
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -14,18 +13,16 @@ from environments.datasets.generated import (
     ArithmeticConfig, ArithmeticProblems, CountdownConfig, CountdownInstances, load_countdown, load_problems,
 )
 from environments.datasets.math_jsonl import MathJsonl
+from tests.environments.helpers import batched, countdown_sampler, key_seeds, sample_problems, take
 
 
 def documented_keys(seed, split, size):
     return jax.random.split(jax.random.fold_in(jax.random.key(seed), ["train", "test"].index(split)), size)
 
 
-def seeds_of(keys):
-    return np.asarray(jax.vmap(lambda k: jax.random.bits(k, (), jnp.uint32))(keys))
-
-
 def test_no_tensorflow_and_array_record(tmp_path):
-    config = CountdownConfig(name="tiny", num_train=24, num_test=8, seed=5, operators="+-*/", max_target=200)
+    # the sampling options and train size of test_countdown's reference sampler, so its compile is shared
+    config = CountdownConfig(name="tiny", num_train=100, num_test=8, seed=5, operators="+-*/", max_target=100)
     builder = CountdownInstances(config=config, data_dir=str(tmp_path), file_format="array_record")
     builder.download_and_prepare()
     assert "tensorflow" not in sys.modules
@@ -34,9 +31,8 @@ def test_no_tensorflow_and_array_record(tmp_path):
 
     # stored split i == sample_instance(documented key i), in order, read through tfds.data_source
     source = tfds.data_source("countdown_instances/tiny", data_dir=str(tmp_path), split="train")
-    assert len(source) == 24
-    sample = jax.jit(jax.vmap(lambda k: countdown.sample_instance(k, operators="+-*/", max_target=200)))
-    nums, count, target = jax.device_get(sample(documented_keys(5, "train", 24)))
+    assert len(source) == 100
+    nums, count, target = jax.device_get(countdown_sampler("+-*/", 100)(documented_keys(5, "train", 100)))
     loaded = load_countdown(str(tmp_path), config="tiny")
     np.testing.assert_array_equal(loaded["nums"], nums)
     np.testing.assert_array_equal(loaded["count"], count)
@@ -45,26 +41,26 @@ def test_no_tensorflow_and_array_record(tmp_path):
     test = load_countdown(str(tmp_path), split="test", config="tiny")
     assert len(test["target"]) == 8 and not np.array_equal(test["nums"][:8], loaded["nums"][:8])
     for row, c, t in zip(loaded["nums"], loaded["count"], loaded["target"]):
-        assert countdown.solve(row[:c].tolist(), int(t)) is not None and 1 <= t <= 200
+        assert countdown.solve(row[:c].tolist(), int(t)) is not None and 1 <= t <= 100
 
     # an env built on the dataset draws instance seed mod size
     env, params = environments.make("countdown", instances=loaded)
     keys = jax.random.split(jax.random.key(9), 10)
-    _, state = jax.jit(jax.vmap(env.reset, (0, None)))(keys, params)
-    for i, j in enumerate(seeds_of(keys) % 24):
+    _, state = batched(env).reset(keys, params)
+    for i, j in enumerate(np.asarray(key_seeds(keys)) % 100):
         record = source[int(j)]
         want = f"Target: {record['target']}, nums: {record['nums'][: record['count']].tolist()}"
-        assert env.render_text(jax.tree.map(lambda x: x[i], state)) == want
+        assert env.render_text(take(state, i)) == want
 
 
 def test_arithmetic_problems_round_trip(tmp_path):
-    config = ArithmeticConfig(name="tiny", num_train=12, num_test=4, seed=2)
+    # test_arithmetic's batch of 600 problems, so the compiled reference sampler is shared
+    config = ArithmeticConfig(name="tiny", num_train=600, num_test=4, seed=2)
     ArithmeticProblems(config=config, data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
     problems = load_problems(str(tmp_path), config="tiny")
-    template, numbers, name, item, answer = jax.device_get(
-        jax.jit(jax.vmap(arithmetic.sample_problem))(documented_keys(2, "train", 12)))
-    assert len(problems["question"]) == 12
-    for i in range(12):
+    template, numbers, name, item, answer = jax.device_get(sample_problems(documented_keys(2, "train", 600)))
+    assert len(problems["question"]) == 600
+    for i in range(600):
         assert problems["question"][i] == arithmetic.problem_text(template[i], numbers[i], name[i], item[i])
         assert problems["answer"][i] == str(answer[i])
         assert str(answer[i]) in problems["solution"][i]
@@ -108,9 +104,9 @@ def test_math_jsonl_manual_dir(tmp_path):
 
     env, params = environments.make("arithmetic", problems=train)
     keys = jax.random.split(jax.random.key(4), 6)
-    _, state = jax.jit(jax.vmap(env.reset, (0, None)))(keys, params)
-    for i, j in enumerate(seeds_of(keys) % 2):
-        s = jax.tree.map(lambda x: x[i], state)
+    _, state = batched(env).reset(keys, params)
+    for i, j in enumerate(np.asarray(key_seeds(keys)) % 2):
+        s = take(state, i)
         assert env.render_text(s) == train["question"][j]
         assert env.oracle(s, np.random.default_rng(0)) == (train["solution"][j], train["answer"][j])
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from environments.expression import evaluate, parse_integer
+from tests.environments.helpers import jit
 
 CAP = 40
 MAX_DEPTH = 4
@@ -15,8 +16,8 @@ MAX_LITERALS = 6
 INT_MAX = 2**31 - 1
 WS = " \t\n\r\x0b\x0c"
 
-_evaluate = jax.jit(lambda b, n: evaluate(b, n, max_depth=MAX_DEPTH, max_literals=MAX_LITERALS))
-_parse_integer = jax.jit(parse_integer)
+_evaluate = jit(lambda b, n: evaluate(b, n, max_depth=MAX_DEPTH, max_literals=MAX_LITERALS))
+_parse_integer = jit(parse_integer)
 
 
 def _buf(text: bytes):

@@ -10,8 +10,10 @@ from gymnax.environments.misc.frozen_lake import FrozenLake as GymnaxFrozenLake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from environments.frozen_lake import FrozenLake, FrozenLakeState
-from tests.environments.helpers import assert_no_action_no_change, batched, encode, jit, obs_text, random_responses, take
+from environments.frozen_lake import FrozenLakeState
+from tests.environments.helpers import (
+    assert_no_action_no_change, batched, encode, jit, make_env, obs_text, random_responses, take,
+)
 
 B, R, SIZE = 256, 64, 4
 GYM_MAP = ("SFFF", "FHFH", "FFFH", "HFFG")
@@ -53,7 +55,7 @@ def reference_text(holes, start, goal, pos, size=SIZE):
 
 @pytest.fixture(scope="module")
 def fl(builtin_tokenizer):
-    env = FrozenLake(builtin_tokenizer)
+    env, _ = make_env("frozen_lake", builtin_tokenizer)
     reset, step = batched(env)
     return env, step, reset
 
@@ -99,10 +101,10 @@ def test_map_statistics(fl):
 
 def test_render_matches_ragen_text(fl, tokenizer):
     """Maps from the module's (built-in tokenizer) reset, rendered by an env of each tokenizer."""
-    reset_env, _, reset = fl
-    env = reset_env if tokenizer is reset_env.tokenizer else FrozenLake(tokenizer)
-    _, state = reset(jax.random.split(jax.random.key(3), B), reset_env.default_params)
-    s = take(state.env, slice(None))
+    _, _, reset = fl
+    env, params = make_env("frozen_lake", tokenizer)
+    _, state = reset(jax.random.split(jax.random.key(3), B), params)
+    s = jax.tree.map(np.asarray, state.env)
     # half the players moved somewhere (a hole, the goal or ice) to cover every label and symbol
     moved = np.where(np.arange(B) % 2, np.random.default_rng(0).integers(0, SIZE * SIZE, B), s.pos)
     state = state.replace(env=state.env.replace(pos=moved.astype(np.int32)))
@@ -182,7 +184,7 @@ def test_deterministic_moves_match_gymnax_on_its_map(fl, builtin_tokenizer):
 def test_deterministic_moves_match_gymnasium_on_our_maps(fl, builtin_tokenizer):
     env, _, reset = fl
     _, state = reset(jax.random.split(jax.random.key(11), B), env.default_params)
-    s = take(state.env, slice(None))
+    s = jax.tree.map(np.asarray, state.env)
     actions = np.random.default_rng(1).integers(0, 4, (B, 6))
     for i in range(0, B, 64):  # a handful of maps, each through gymnasium
         ours = run_ours(fl, builtin_tokenizer, s.holes[i], s.start[i], s.goal[i], actions[:1].repeat(B, 0))

@@ -1,4 +1,5 @@
 """The in-graph parser against a Python `re` reference of RAGEN's `_parse_response` (spec A.5)."""
+import functools
 import re
 
 import jax
@@ -30,10 +31,15 @@ def reference(text: str, think: bool):
     return answer, parts, [lookup.get(p.lower(), -1) for p in parts]
 
 
+@functools.cache
+def parsers_for(tokenizer):
+    """jit-compiled (think, no-think) parsers for one tokenizer: two compiles per tokenizer for the session."""
+    return {think: jit(ResponseParser(tokenizer, WORDS, MAX_ACTIONS, think).__call__) for think in (True, False)}
+
+
 @pytest.fixture(scope="module")
 def parsers(tokenizer):
-    """jit-compiled (think, no-think) parsers for one tokenizer: two compiles per tokenizer."""
-    return {think: jit(ResponseParser(tokenizer, WORDS, MAX_ACTIONS, think).__call__) for think in (True, False)}
+    return parsers_for(tokenizer)
 
 
 def run(parsers, tokenizer, text, think, junk=0):
