@@ -6,7 +6,7 @@ Both kinds implement :class:`Tokenizer`:
 * ``decode(ids)`` keeps special tokens, so ``decode`` of a concatenation equals the UTF-8 decoding
   (invalid sequences replaced by U+FFFD) of the concatenated :meth:`Tokenizer.token_bytes`.
 * ``token_bytes(i)`` is what id ``i`` contributes to that byte string; environments build in-graph
-  byte tables from it (:meth:`Tokenizer.byte_table`) to parse responses whatever the vocabulary.
+  byte tables from it to parse responses whatever the vocabulary.
 * ``token_id(text)`` is the id of the single token whose text is ``text`` (special tokens first).
 
 :func:`builtin` is the tiny default's vocabulary (<= 512 ids): special tokens, 256 byte tokens (so
@@ -22,7 +22,6 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 import tokenizers
 
 PAD = "<pad>"
@@ -105,18 +104,6 @@ class Tokenizer(abc.ABC):
         if i is None:
             raise KeyError(f"token {token!r} is not a single token of this {type(self).__name__}")
         return i
-
-    def byte_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-id bytes for in-graph parsing: ``(table uint8 [vocab_size, L], lengths int32 [vocab_size])``.
-
-        ``table[i, :lengths[i]] == token_bytes(i)``, zero-padded; ``L`` is the longest token's length.
-        """
-        pieces = self._pieces
-        lengths = np.array([len(p) for p in pieces], np.int32)
-        table = np.zeros((len(pieces), max(int(lengths.max()), 1)), np.uint8)
-        for i, piece in enumerate(pieces):
-            table[i, : len(piece)] = np.frombuffer(piece, np.uint8)
-        return table, lengths
 
     @property
     @abc.abstractmethod

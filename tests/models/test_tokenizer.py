@@ -3,7 +3,6 @@ import json
 import os
 
 import hypothesis.strategies as st
-import numpy as np
 import pytest
 import tokenizers
 from hypothesis import given, settings
@@ -94,15 +93,6 @@ def test_builtin_save_load_round_trip(tmp_path):
         assert isinstance(loaded, tok_lib.BuiltinTokenizer) and loaded == tok
         assert loaded.special_tokens == tok.special_tokens
         assert [loaded.encode(t) for t in MIXED_TEXTS] == [tok.encode(t) for t in MIXED_TEXTS]
-
-
-def test_byte_table_matches_token_bytes():
-    tok = tok_lib.builtin()
-    table, lengths = tok.byte_table()
-    assert table.dtype == np.uint8 and lengths.dtype == np.int32 and table.shape[0] == tok.vocab_size
-    for i in range(tok.vocab_size):
-        assert bytes(table[i, : lengths[i]]) == tok.token_bytes(i)
-        assert not table[i, lengths[i]:].any()
 
 
 # ---- HF tokenizer.json --------------------------------------------------------------------------------
