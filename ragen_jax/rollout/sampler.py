@@ -113,19 +113,22 @@ def extend(config: ModelConfig, params: tfm.Params, cache: kv.KVCache, chunk: ja
     return tfm.hidden_states_with_cache(config, params, chunk, cache, chunk_lengths)[1]
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames=("max_new_tokens", "top_k", "pad_id"),
+@functools.partial(jax.jit, static_argnums=0,
+                   static_argnames=("max_new_tokens", "top_k", "pad_id", "num_tokens"),
                    donate_argnames="cache")
 def generate(config: ModelConfig, params: tfm.Params, cache: kv.KVCache, prompt: jax.Array,
              prompt_lengths: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array,
              stop_sequences: jax.Array | None = None, active: jax.Array | None = None, *,
-             max_new_tokens: int, top_k: int = 0, pad_id: int = 0) -> tuple[SampleOutput, kv.KVCache]:
+             max_new_tokens: int, top_k: int = 0, pad_id: int = 0,
+             num_tokens: int = 0) -> tuple[SampleOutput, kv.KVCache]:
     """Extends `cache` with `prompt` and samples up to `max_new_tokens` tokens per row.
 
     prompt: int32[B, T] right-padded chunk; prompt_lengths: int32[B] >= 1 for active rows.
     key: PRNG key; temperature: float32 scalar or [B] (0 = greedy); top_p: float32 scalar.
     stop_sequences: int32[N, W] from `stop_sequence_array` (None = no stop sequences).
     active: bool[B] rows that generate (default all); inactive rows leave their cache untouched and
-    return length 0. Returns (SampleOutput, cache holding prompt + generated tokens).
+    return length 0. num_tokens: sample only ids below it (the tokenizer's vocabulary when the model's is
+    padded; 0 = every id). Returns (SampleOutput, cache holding prompt + generated tokens).
     """
     B = prompt.shape[0]
     active = jnp.ones((B,), bool) if active is None else active.astype(bool)
@@ -145,7 +148,10 @@ def generate(config: ModelConfig, params: tfm.Params, cache: kv.KVCache, prompt:
         return (s.step < max_new_tokens) & ~jnp.all(s.done)
 
     def body(s: _LoopState):
-        token, logp = sample_tokens(s.logits, jax.random.fold_in(key, s.step), temperature, top_p, top_k)
+        logits = s.logits
+        if 0 < num_tokens < logits.shape[-1]:
+            logits = jnp.where(jnp.arange(logits.shape[-1]) < num_tokens, logits, -jnp.inf)
+        token, logp = sample_tokens(logits, jax.random.fold_in(key, s.step), temperature, top_p, top_k)
         live = ~s.done
         token = jnp.where(live, token, pad_id)
         window = jnp.where(live[:, None], jnp.concatenate([s.window[:, 1:], token[:, None]], axis=1), s.window)

@@ -191,3 +191,20 @@ def test_stop_sequence_array_layout_and_errors():
         sampler.stop_sequence_array([[3], []])
     with pytest.raises(ValueError, match="negative"):
         sampler.stop_sequence_array([[-2]])
+
+
+def test_num_tokens_limits_sampling_to_the_tokenizer_vocabulary(params):
+    """A model vocabulary padded beyond the tokenizer's: ids >= num_tokens are never sampled, and log-probs are
+    those of the softmax renormalised over the allowed ids."""
+    cache = models.init_cache(CONFIG, B, 40)
+    out, _ = sampler.generate(CONFIG, params, cache, jnp.asarray(_prompt(7)), jnp.asarray(PROMPT_LENGTHS),
+                              jax.random.key(12), jnp.float32(1.0), jnp.float32(1.0), jnp.asarray(NO_STOP),
+                              jnp.ones((B,), bool), max_new_tokens=N, num_tokens=5)
+    assert (np.asarray(out.tokens) < 5).all() and (np.asarray(out.lengths) == N).all()
+    rows = [np.concatenate([_prompt(7)[b, :PROMPT_LENGTHS[b]], out.tokens[b]]) for b in range(B)]
+    logits = [np.asarray(tfm.apply(CONFIG, params, jnp.asarray(r)[None]))[0, :, :5] for r in rows]
+    for b in range(B):
+        logp = jax.nn.log_softmax(logits[b], axis=-1)
+        steps = PROMPT_LENGTHS[b] - 1 + np.arange(N)
+        expected = np.asarray(logp)[steps, np.asarray(out.tokens[b])]
+        np.testing.assert_allclose(out.logprobs[b], expected, atol=1e-4)
