@@ -8,53 +8,28 @@ with the recorded response) and its chat text is rebuilt with `ChatFormat.render
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import environments
-from ragen_jax import models
 from ragen_jax.models import chat, transformer
-from ragen_jax.models.tokenizer import builtin
 from ragen_jax.rollout import prompts as prompts_lib
 from ragen_jax.rollout.rollout import Rollout
-
-GROUPS, GROUP_SIZE, TURNS, RESPONSE = 2, 2, 3, 24
-SCRIPT = "<think>I go down first.</think><answer>Down</answer>"
-REASONING = "I go down first."
+from tests.rollout.helpers import (
+    GROUP_SIZE,
+    GROUPS,
+    REASONING,
+    RESPONSE,
+    SCRIPT,
+    TURNS,
+    run,
+    scripted_params,
+    tiny_setup,
+)
 
 
 @pytest.fixture(scope="module")
 def setup():
-    tokenizer = builtin()
-    env, env_params = environments.make("frozen_lake", tokenizer)
-    config = models.ModelConfig(vocab_size=512, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-                                mlp_dim=64, max_seq_len=1536, tie_embeddings=False)
-    return tokenizer, env, env_params, config
-
-
-def scripted_params(config, tokenizer):
-    """A bigram model: zero layers, one-hot embeddings of the script's tokens, lm_head maps each to the next."""
-    script = tokenizer.encode(SCRIPT) + [tokenizer.eos_id]
-    assert len(set(script)) == len(script) <= config.d_model, "script tokens must be distinct"
-    params = jax.tree.map(jnp.zeros_like, transformer.init_params(config, jax.random.key(0)))
-    params["final_norm"]["scale"] = jnp.ones_like(params["final_norm"]["scale"])
-    embed = np.zeros((config.vocab_size, config.d_model), np.float32)
-    head = np.zeros((config.d_model, config.vocab_size), np.float32)
-    for i, (tok, nxt) in enumerate(zip(script[:-1], script[1:])):
-        embed[tok, i] = 1.0
-        head[i, nxt] = 10.0
-    params["embed"]["embedding"] = jnp.asarray(embed)
-    params["lm_head"]["kernel"] = jnp.asarray(head)
-    return params
-
-
-def run(setup, params, max_len, temperature, key=1):
-    tokenizer, env, env_params, config = setup
-    rollout = Rollout(env, tokenizer, chat.plain(), config, num_groups=GROUPS, group_size=GROUP_SIZE, max_turn=TURNS,
-                      response_length=RESPONSE, max_len=max_len)
-    traj = jax.jit(rollout)(params, jax.random.key(key), env_params, jnp.float32(temperature), jnp.float32(1.0))
-    return rollout, jax.tree.map(np.asarray, traj)
+    return tiny_setup()
 
 
 def replay(setup, rollout, traj, key=1):
