@@ -1,0 +1,245 @@
+"""One compiled training step (DESIGN, "The walk of one training step"; spec B.1):
+
+    rollout -> collapse diagnostics on the UNFILTERED batch -> normalised episode scores -> group filter
+    (mask + compaction) -> old / reference log-probs, values -> token rewards (- KL) -> advantages
+    -> loss scaling -> critic update -> actor update -> (TrainState', metrics)
+
+    train_step = TrainStep(config, env, tokenizer, model_config, chat_format)
+    state = train_step.init(key, actor_params)
+    hyper = Hyper.from_config(config, env_params)
+    step = jax.jit(train_step, donate_argnums=0)
+    state, metrics = step(state, key, hyper)           # metrics: dict of f32 scalars
+
+Everything that people sweep is in `Hyper` (traced: a new value never recompiles, and `vmap` over it works);
+structure (algorithm, filter strategy, geometry, model) comes from the config and is static.
+
+Differences from RAGEN's trainer: old log-probs are computed for the whole batch before filtering (the filter's
+entropy metrics need them); RAGEN's `adjust_batch` duplicates or deletes kept rows to fill minibatches, here the
+update skips or masks the rows of dropped groups instead; the collapse metrics run inside the step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from ragen_jax import filtering
+from ragen_jax.algos import advantages as adv_lib
+from ragen_jax.algos import rewards as rewards_lib
+from ragen_jax.diagnostics import cross_logprobs, sampling
+from ragen_jax.models import transformer
+from ragen_jax.rollout.rollout import Rollout, Trajectory
+from ragen_jax.train import batch as batch_lib
+from ragen_jax.train import update
+
+
+@flax.struct.dataclass
+class Hyper:
+    """Traced hyperparameters of a step (f32 scalars, plus the env's params pytree)."""
+
+    actor: update.ActorHyper
+    critic: update.CriticHyper
+    top_p: jax.Array
+    filter_value: jax.Array
+    filter_eps: jax.Array
+    gamma: jax.Array
+    lam: jax.Array
+    high_level_gamma: jax.Array
+    kl_coef: jax.Array  # beta of the KL reward penalty (algo.use_kl_in_reward)
+    env: Any
+
+    @classmethod
+    def from_config(cls, config, env_params) -> "Hyper":
+        a, f = config.algo, config.filter
+        f32 = jnp.float32
+        return cls(actor=update.ActorHyper.from_config(config), critic=update.CriticHyper.from_config(config),
+                   top_p=f32(config.rollout.top_p), filter_value=f32(f.value), filter_eps=f32(f.eps),
+                   gamma=f32(a.gamma), lam=f32(a.lam), high_level_gamma=f32(a.high_level_gamma),
+                   kl_coef=f32(a.kl_coef), env=env_params)
+
+
+@flax.struct.dataclass
+class TrainState:
+    """step: i32[] steps done; actor/critic/ref: parameter pytrees (critic and ref None when unused);
+    *_opt: optimizer states; collapse: the collapse diagnostics' EMA state."""
+
+    step: jax.Array
+    actor: Any
+    actor_opt: Any
+    critic: Any
+    critic_opt: Any
+    ref: Any
+    collapse: dict
+
+
+def rollout_metrics(traj: Trajectory, group_size: int, prefix: str) -> dict[str, jax.Array]:
+    """Per-batch env metrics (RAGEN's `{tag}/...` names where they exist), f32 scalars."""
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    taken = traj.turn_taken
+    turns = taken.sum(axis=1)
+    success = f32(traj.success)
+    return {
+        f"{prefix}/success": success.mean(),
+        f"{prefix}/pass@{group_size}": success.reshape(-1, group_size).max(axis=1).mean(),
+        f"{prefix}/episode_reward": traj.episode_reward.mean(),
+        f"{prefix}/num_actions": f32(traj.num_actions).mean(),
+        f"{prefix}/num_turns": f32(turns).mean(),
+        f"{prefix}/format_ok_rate": f32((traj.format_ok & taken).sum()) / jnp.maximum(taken.sum(), 1),
+        f"{prefix}/done_rate": f32(traj.done).mean(),
+        f"{prefix}/cut_rate": f32(traj.cut).mean(),
+        "response_length/mean": f32(traj.response_len.sum()) / jnp.maximum(taken.sum(), 1),
+        "trajectory_length/mean": f32(traj.length).mean(),
+    }
+
+
+class TrainStep:
+    """The static structure of a step, built once from the config; calling it runs one step (jit it).
+
+    Args:
+      config: a validated `configs/base.py` config; env, tokenizer: the environment and its tokenizer;
+      model_config: the policy's ModelConfig; chat_format: a `ragen_jax.models.chat.ChatFormat`.
+    """
+
+    def __init__(self, config, env, tokenizer, model_config, chat_format):
+        r, a, d = config.rollout, config.algo, config.diagnostics
+        self.config, self.model_config = config, model_config
+        self.num_groups, self.group_size = r.num_groups, r.group_size
+        self.rollout = Rollout(env, tokenizer, chat_format, model_config, num_groups=r.num_groups,
+                               group_size=r.group_size, max_turn=r.max_turn, response_length=r.response_length,
+                               max_len=r.max_model_len, top_k=r.top_k, format_penalty=r.format_penalty)
+        batch = r.num_groups * r.group_size
+        if batch % a.ppo_mini_batch_size:
+            raise ValueError(f"algo.ppo_mini_batch_size = {a.ppo_mini_batch_size} must divide the batch of "
+                             f"rollout.num_groups x rollout.group_size = {batch} trajectories")
+        self.update_config = update.UpdateConfig.from_config(config)
+        self.use_critic = a.adv_estimator == "gae"
+        self.use_ref = bool(a.use_kl_loss or a.use_kl_in_reward)
+        self.collapse_options = dataclasses.replace(sampling.CollapseOptions.from_config(config),
+                                                    max_prompt_len=r.max_model_len - 1)
+        if d.collapse_every > 0 and model_config.max_seq_len < r.max_model_len - 1 + r.response_length:
+            raise ValueError(f"model.max_seq_len = {model_config.max_seq_len} must be >= rollout.max_model_len - 1 + "
+                             f"rollout.response_length = {r.max_model_len - 1 + r.response_length}: the collapse "
+                             "diagnostics score reasoning after prompts of up to max_model_len - 1 tokens")
+        self.logits_fn = functools.partial(transformer.apply, model_config)
+        self.values_fn = functools.partial(transformer.values, model_config)
+        self.metric_prefix = config.env.name
+
+    def init(self, key: jax.Array, actor_params) -> TrainState:
+        """The state before step 1: the critic copies the actor's backbone, the reference is the initial actor."""
+        critic = transformer.init_value_params(self.model_config, key, actor_params) if self.use_critic else None
+        return TrainState(
+            step=jnp.int32(0), actor=actor_params, actor_opt=update.optimizer_init(actor_params, self.update_config),
+            critic=critic, critic_opt=update.optimizer_init(critic, self.update_config) if self.use_critic else None,
+            ref=jax.tree.map(jnp.array, actor_params) if self.use_ref else None, collapse=sampling.init_state())
+
+    def _filter_values(self, scores, old_entropy, loss_mask) -> jax.Array:
+        """f32[N, G] per-trajectory quantity of `filter.metric`."""
+        metric = self.config.filter.metric
+        tokens = loss_mask.sum(axis=1)
+        if metric.startswith("entropy"):
+            values = (old_entropy * loss_mask).sum(axis=1) / jnp.maximum(tokens, 1.0)
+        elif metric == "length":
+            values = tokens
+        else:
+            values = scores
+        return values.reshape(self.num_groups, self.group_size)
+
+    def __call__(self, state: TrainState, key: jax.Array, hyper: Hyper) -> tuple[TrainState, dict]:
+        c, a, f = self.config, self.config.algo, self.config.filter
+        step = state.step + 1  # 1-based, as RAGEN's global_steps
+        temperature = hyper.actor.temperature
+        rollout_key, diag_key = jax.random.split(jax.random.fold_in(key, step))
+        traj = self.rollout(state.actor, rollout_key, hyper.env, temperature, hyper.top_p)
+        metrics = rollout_metrics(traj, self.group_size, self.metric_prefix)
+
+        score_fn = functools.partial(cross_logprobs.cross_log_probs, self.model_config, state.actor,
+                                     temperature=temperature)
+        collapse_metrics, collapse_state = sampling.collapse_diagnostics_every(
+            step, score_fn, batch_lib.reasoning_spans(traj), diag_key, state.collapse, self.collapse_options,
+            c.diagnostics.std_eps, c.diagnostics.ema_decay)
+        metrics.update(collapse_metrics)
+
+        tokens, positions, attention, loss_mask = batch_lib.model_inputs(traj)
+        old_logp, old_entropy = update.token_logprobs(self.logits_fn, state.actor, tokens, positions, attention,
+                                                      temperature, self.update_config.vocab_chunk)
+        metrics["actor/entropy"] = (old_entropy * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)
+        scores = rewards_lib.normalize_group_rewards(
+            traj.episode_reward.reshape(self.num_groups, self.group_size), c.rollout.reward_normalization).reshape(-1)
+        kept = filtering.apply_filter(self._filter_values(scores, old_entropy, loss_mask), f.metric, f.strategy,
+                                      hyper.filter_value, f.type, f.include_zero, f.top_p_mode, hyper.filter_eps)
+        metrics.update(kept.metrics)
+
+        zeros = jnp.zeros_like(old_logp)
+        ref_logp = zeros
+        if self.use_ref:
+            ref_logp = update.token_logprobs(self.logits_fn, state.ref, tokens, positions, attention, temperature,
+                                             self.update_config.vocab_chunk)[0]
+        values = zeros
+        if self.use_critic:
+            values = update.token_values(self.values_fn, state.critic, tokens, positions, attention)
+        token_rewards = rewards_lib.last_token_rewards(scores, loss_mask)
+        if a.use_kl_in_reward:
+            token_rewards, kl_metrics = adv_lib.kl_in_reward(token_rewards, old_logp, ref_logp, loss_mask,
+                                                             hyper.kl_coef, a.kl_penalty)
+            metrics.update(kl_metrics)
+        advantages, returns = self._advantages(token_rewards, values, loss_mask, kept, traj.group_ids, hyper,
+                                               metrics)
+        metrics.update(self._advantage_metrics(advantages, returns, loss_mask * kept.row_mask[:, None]))
+
+        rows = filtering.permute_rows(update.UpdateBatch(
+            tokens=tokens, positions=positions, attention_mask=attention, loss_mask=loss_mask, old_logp=old_logp,
+            advantages=advantages, ref_logp=ref_logp, returns=returns, old_values=values), kept.perm)
+        critic, critic_opt = state.critic, state.critic_opt
+        if self.use_critic:
+            critic, critic_opt, critic_metrics = update.critic_update(
+                self.values_fn, critic, critic_opt, rows, kept.kept_rows, hyper.critic, self.update_config)
+            metrics.update(critic_metrics)
+
+        def train_actor(_):
+            return update.actor_update(self.logits_fn, state.actor, state.actor_opt, rows, kept.kept_rows, hyper.actor,
+                                       self.update_config)
+
+        def warm_up(_):  # critic warm-up steps leave the actor unchanged (metrics zero)
+            shapes = jax.eval_shape(train_actor, None)[2]
+            return state.actor, state.actor_opt, {k: jnp.zeros(s.shape, s.dtype) for k, s in shapes.items()}
+
+        actor, actor_opt, actor_metrics = jax.lax.cond(step > a.critic_warmup, train_actor, warm_up, None)
+        metrics.update(actor_metrics)
+        metrics["train/step"] = step.astype(jnp.float32)
+        new_state = TrainState(step=step, actor=actor, actor_opt=actor_opt, critic=critic, critic_opt=critic_opt,
+                               ref=state.ref, collapse=collapse_state)
+        return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+    def _advantages(self, token_rewards, values, loss_mask, kept: filtering.FilterResult, group_ids, hyper: Hyper,
+                    metrics: dict):
+        """(advantages, returns) f32[B, T] over the kept rows (spec B.2-B.5, C.5); adds metrics in place."""
+        a, f = self.config.algo, self.config.filter
+        mask = loss_mask * kept.row_mask[:, None]
+        if self.use_critic:
+            gae_fn = adv_lib.bi_level_gae if a.bi_level_gae else adv_lib.gae
+            extra = (hyper.high_level_gamma,) if a.bi_level_gae else ()
+            advantages, returns = gae_fn(token_rewards, values, mask, hyper.gamma, hyper.lam, *extra)
+        else:
+            lengths = loss_mask.sum(axis=1) if a.grpo_length_weight else None
+            per_row = adv_lib.grpo(token_rewards.sum(axis=1), group_ids, self.num_groups, a.norm_adv_by_std,
+                                   lengths=lengths, row_mask=kept.row_mask)
+            if a.soft_advantage_reweight:  # GRPO only: it needs the per-group std (spec C.5)
+                group_std = filtering.group_stats(token_rewards.sum(axis=1).reshape(self.num_groups, -1))["std"]
+                weights, reweight_metrics = filtering.soft_advantage_weights(group_std, kept.group_mask)
+                per_row = per_row * weights[group_ids]
+                metrics.update(reweight_metrics)
+            advantages = returns = per_row[:, None] * mask
+        advantages = filtering.filter_loss_scaling(advantages, kept.kept_ratio, f.loss_scaling)
+        if a.zero_task_advantage:
+            advantages = jnp.zeros_like(advantages)
+        return advantages * mask, returns
+
+    @staticmethod
+    def _advantage_metrics(advantages, returns, mask) -> dict[str, jax.Array]:
+        count = jnp.maximum(mask.sum(), 1.0)
+        return {"critic/advantages/mean": (advantages * mask).sum() / count,
+                "critic/returns/mean": (returns * mask).sum() / count}

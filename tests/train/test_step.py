@@ -1,0 +1,100 @@
+"""The compiled training step on the tiny FrozenLake geometry: two algorithm structures, no recompiles for new
+hyperparameter values, exact no-ops when the filter keeps nothing, critic warm-up, determinism.
+
+The policy starts as the scripted bigram model of the rollout tests (its answers are mostly well formed, so the
+collapse metrics have valid reasoning to score)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import environments
+from configs import base
+from ragen_jax import config as config_lib
+from ragen_jax import models
+from ragen_jax.algos import presets
+from ragen_jax.models import chat
+from ragen_jax.models.tokenizer import builtin
+from ragen_jax.train.step import Hyper, TrainStep
+from tests.rollout.helpers import scripted_params
+
+TINY = {"rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2, "rollout.response_length": 16,
+        "rollout.max_model_len": 1024, "algo.ppo_mini_batch_size": 2, "diagnostics.num_samples": 4,
+        "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1, "model.mlp_dim": 64,
+        "model.max_seq_len": 1040, "model.tie_embeddings": False, "env.name": "frozen_lake", "optim.actor_lr": 1e-2, "optim.critic_lr": 1e-2}
+
+
+def build(algorithm: str, kl: str = "off", **overrides):
+    config = presets.apply_overrides(presets.preset_config(base.get_config(), algorithm, kl=kl),
+                                     {**TINY, **overrides})
+    config_lib.validate(config, num_devices=1)  # the step runs on one device (no mesh yet)
+    tokenizer = builtin()
+    env, env_params = environments.make(config.env.name, tokenizer)
+    model_config = models.ModelConfig.from_config(config.model, tokenizer.vocab_size)
+    train_step = TrainStep(config, env, tokenizer, model_config, chat.plain())
+    params = scripted_params(model_config, tokenizer, scale=2.0)  # mostly well-formed answers: finite MI
+    traces = []
+
+    def counted(state, key, hyper):
+        traces.append(1)
+        return train_step(state, key, hyper)
+
+    return train_step, jax.jit(counted), train_step.init(jax.random.key(1), params), Hyper.from_config(config, env_params), traces
+
+
+def changed(a, b) -> bool:
+    return any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.fixture(scope="module")
+def grpo():
+    return build("grpo")
+
+
+def test_grpo_steps_update_the_actor_without_recompiling(grpo):
+    train_step, step, state0, hyper, traces = grpo
+    assert state0.critic is None and state0.ref is None
+    state1, m1 = step(state0, jax.random.key(2), hyper)
+    assert int(state1.step) == 1 and changed(state0.actor, state1.actor)
+    for name in ("frozen_lake/success", "frozen_lake/episode_reward", "rollout/filter_kept_ratio", "actor/pg_loss",
+                 "collapse_first_turn_sample/mi_estimate", "collapse_trajectory_sample/mi_estimate", "actor/entropy"):
+        assert name in m1 and np.isfinite(float(m1[name])), name
+    assert float(m1["rollout/filter_kept_ratio"]) == 1.0  # the GRPO preset does not filter
+    assert float(m1["actor/num_updates"]) == 2  # two minibatches of 2 rows (= one group each)
+    # a new filter value and temperature are traced: same compiled step
+    state2, m2 = step(state1, jax.random.key(3), hyper.replace(filter_value=jnp.float32(0.5),
+                                                               actor=hyper.actor._replace(temperature=jnp.float32(0.7))))
+    assert len(traces) == 1 and int(state2.step) == 2
+    # top-p 0.5 of the reward-variance mass: each kept group is one minibatch, dropped ones are skipped
+    assert float(m2["actor/num_updates"]) == float(m2["rollout/filter_kept_count"])
+
+
+def test_grpo_step_is_deterministic(grpo):
+    _, step, state0, hyper, _ = grpo
+    _, a = step(state0, jax.random.key(7), hyper)
+    _, b = step(state0, jax.random.key(7), hyper)
+    for k in a:
+        np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+
+
+def test_nothing_kept_means_nothing_changes(grpo):
+    """include_zero=False drops groups of zero reward variance; greedy decoding (temperature 0) gives every member
+    of a group the same trajectory, so nothing is kept and the update skips every minibatch: no parameter or
+    optimizer-state change at all."""
+    _, step, state0, hyper, _ = build("grpo", **{"filter.include_zero": False})
+    state1, m = step(state0, jax.random.key(4), hyper.replace(actor=hyper.actor._replace(temperature=jnp.float32(0))))
+    assert float(m["rollout/filter_kept_ratio"]) == 0.0 and float(m["rollout/empty_after_filter"]) == 1.0
+    assert not changed(state0.actor, state1.actor) and not changed(state0.actor_opt, state1.actor_opt)
+    assert float(m["actor/num_updates"]) == 0
+
+
+def test_ppo_with_kl_loss_trains_the_critic_and_warms_up():
+    _, step, state0, hyper, _ = build("ppo", kl="loss", **{"algo.critic_warmup": 1})
+    assert state0.critic is not None and state0.ref is not None
+    state1, m1 = step(state0, jax.random.key(5), hyper)
+    assert changed(state0.critic, state1.critic) and not changed(state0.actor, state1.actor)  # step 1 <= warm-up
+    state2, m2 = step(state1, jax.random.key(6), hyper)
+    assert changed(state1.actor, state2.actor) and not changed(state0.ref, state2.ref)
+    assert "actor/kl_loss" in m2 and np.isfinite(float(m2["critic/vf_loss"]))
