@@ -112,13 +112,32 @@ class Rollout:
     def batch_size(self) -> int:
         return self.num_groups * self.group_size
 
+    def _reset(self, reset_key: jax.Array, env_params):
+        """(obs, TurnState, group_ids i32[B]): members of a group share their reset key (spec A.2)."""
+        group_ids = jnp.repeat(jnp.arange(self.num_groups, dtype=jnp.int32), self.group_size)
+        keys = jax.random.split(reset_key, self.num_groups)[group_ids]
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, env_params)
+        return obs, state, group_ids
+
+    def _chunks(self, t, obs, state, reward, stopped, warn):
+        """The turn chunks of all rows: (tokens i32[B, chunk_capacity], length i32[B])."""
+        return jax.vmap(self.prompts.chunk, in_axes=(None, 0, 0, 0, 0, 0, 0, None))(
+            t, obs.tokens, obs.length, state.actions_left, reward, stopped, warn, self.chunk_capacity)
+
+    def first_prompts(self, key: jax.Array, env_params):
+        """The turn-1 context of each trajectory exactly as `__call__` builds it with the same `key` (system
+        prompt, user turn, assistant header and prefill): (tokens i32[B, S + C], length i32[B], TurnState)."""
+        obs, state, _ = self._reset(jax.random.split(key, 3)[0], env_params)
+        off = jnp.zeros((self.batch_size,), bool)
+        chunk, chunk_len = self._chunks(jnp.int32(0), obs, state, jnp.zeros((self.batch_size,), jnp.float32), off, off)
+        system = jnp.broadcast_to(jnp.asarray(self.prompts.system_ids), (self.batch_size, len(self.prompts.system_ids)))
+        return jnp.concatenate([system, chunk], axis=1), system.shape[1] + chunk_len, state
+
     def __call__(self, params, key: jax.Array, env_params, temperature, top_p) -> Trajectory:
         """params: policy parameters; key: PRNG key; temperature, top_p: f32 scalars (traced)."""
         env, B, L, T, N = self.env, self.batch_size, self.max_len, self.max_turn, self.response_length
         reset_key, gen_key, step_key = jax.random.split(key, 3)
-        group_ids = jnp.repeat(jnp.arange(self.num_groups, dtype=jnp.int32), self.group_size)
-        obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, self.num_groups)[group_ids],
-                                                             env_params)
+        obs, state, group_ids = self._reset(reset_key, env_params)
         system = jnp.broadcast_to(jnp.asarray(self.prompts.system_ids), (B, len(self.prompts.system_ids)))
         cache = kv.init_cache(self.model_config, B, L)
         tokens = jnp.full((B, L), self.pad_id, jnp.int32)
@@ -133,8 +152,7 @@ class Rollout:
 
         def turn(carry, t):
             (cache, tokens, sampled, logp, cur, state, obs, reward, stopped, warn, success, cut) = carry
-            chunk, chunk_len = jax.vmap(self.prompts.chunk, in_axes=(None, 0, 0, 0, 0, 0, 0, None))(
-                t, obs.tokens, obs.length, state.actions_left, reward, stopped, warn, self.chunk_capacity)
+            chunk, chunk_len = self._chunks(t, obs, state, reward, stopped, warn)
             fits = cur + chunk_len + N + close_len <= L
             active = ~state.done & ~cut & fits
             out, cache = sampler.generate(
