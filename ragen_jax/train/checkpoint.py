@@ -42,6 +42,7 @@ class Checkpointer:
       directory: where the step folders live (created if missing; relative paths resolve against the cwd).
       max_to_keep: how many of the newest checkpoints to keep (older ones are deleted), >= 1.
       save_every: `save` writes steps that are multiples of it (and any step with `force=True`), >= 1.
+    Multi-host runs call every method on all processes (orbax coordinates who writes what).
     """
 
     def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, save_every: int = 50):
