@@ -1,9 +1,9 @@
-# Two commands on a fresh machine: `make test` (and `make demo` once training lands).
+# Two commands on a fresh machine: `make demo` and `make test`.
 VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-setup.py
 
-.PHONY: test install
+.PHONY: test install demo
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -18,3 +18,10 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -q tests
+
+# A from-scratch tiny agent on FrozenLake: SFT warm start, GRPO with SNR-aware filtering, collapse diagnostics;
+# metrics, TensorBoard events, checkpoints and report.png under runs/demo.
+demo: $(STAMP)
+	rm -rf runs/demo
+	$(PYTHON) experiments/train.py --config=configs/demo.py
+	$(PYTHON) experiments/report.py runs/demo/metrics.jsonl

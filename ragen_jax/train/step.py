@@ -129,12 +129,14 @@ class TrainStep:
         self.metric_prefix = config.env.name
 
     def init(self, key: jax.Array, actor_params) -> TrainState:
-        """The state before step 1: the critic copies the actor's backbone, the reference is the initial actor."""
+        """The state before step 1: the critic copies the actor's backbone, the reference is the initial actor.
+        Every leaf is a fresh buffer (optimizer states share zero arrays otherwise), so the step can donate it."""
         critic = transformer.init_value_params(self.model_config, key, actor_params) if self.use_critic else None
-        return TrainState(
+        state = TrainState(
             step=jnp.int32(0), actor=actor_params, actor_opt=update.optimizer_init(actor_params, self.update_config),
             critic=critic, critic_opt=update.optimizer_init(critic, self.update_config) if self.use_critic else None,
-            ref=jax.tree.map(jnp.array, actor_params) if self.use_ref else None, collapse=sampling.init_state())
+            ref=actor_params if self.use_ref else None, collapse=sampling.init_state())
+        return jax.tree.map(jnp.array, state)  # one buffer per leaf: the jitted step donates the state
 
     def _filter_values(self, scores, old_entropy, loss_mask) -> jax.Array:
         """f32[N, G] per-trajectory quantity of `filter.metric`."""

@@ -1,0 +1,81 @@
+"""The host loop around the compiled step: build, warm start or resume, step, log, checkpoint, stop early.
+
+    state, history = train(config)          # config from `ragen_jax.config.load` or a configs/*.py file
+
+Only this loop touches the host: it logs the step's metrics (console, `<logging.dir>/metrics.jsonl`,
+TensorBoard), saves checkpoints every `checkpoint.save_freq` steps and at the end, and stops after
+`filter.empty_stop_steps` consecutive steps whose filter kept no group (spec C.6). The step key is the same
+every step (the step folds its own counter in), so a resumed run repeats an uninterrupted one exactly.
+Not yet here: validation rollouts (`train.test_freq`) and the device mesh (the step runs on one device).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+
+from ragen_jax import config as config_lib
+from ragen_jax.train import sft
+from ragen_jax.train.build import build
+from ragen_jax.train.checkpoint import Checkpointer
+from ragen_jax.train.metrics import MetricsWriter, summary_line
+from ragen_jax.train.step import Hyper, TrainStep
+
+SUMMARY_KEYS = ("success", "episode_reward", "rollout/filter_kept_ratio", "actor/entropy",
+                "collapse_first_turn_sample/mi_estimate", "collapse_trajectory_sample/mi_estimate")
+
+
+def train(config, log: Callable[[str], None] | None = print) -> tuple[object, list[dict]]:
+    """Runs `config.train.total_steps` steps (fewer on an early stop). Returns (final TrainState, metrics per step)."""
+    config_lib.validate(config, num_devices=1)  # the step is not sharded yet: it runs on the default device
+    parts = build(config)
+    train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
+    key = jax.random.key(config.train.seed)
+    init_key, sft_key, step_key = jax.random.split(key, 3)
+    c, lg = config.checkpoint, config.logging
+    checkpointer = Checkpointer(c.dir, max_to_keep=c.max_to_keep, save_every=c.save_freq) if c.dir else None
+    writer = MetricsWriter(lg.dir or None, tensorboard=lg.tensorboard, every=lg.every)
+    empty_steps = 0
+    if checkpointer is not None and c.resume and checkpointer.latest_step() is not None:
+        abstract = jax.eval_shape(train_step.init, init_key, parts.params)
+        state, extra = checkpointer.restore_latest(abstract)
+        empty_steps = int(extra.get("empty_steps", 0))
+        writer.truncate_after(int(state.step))
+        _log(log, f"resumed from step {int(state.step)} in {c.dir}")
+    else:
+        params = parts.params
+        if config.train.sft_steps > 0:
+            params, _ = sft.warm_start(train_step.rollout, parts.tokenizer, params, parts.env_params, sft_key,
+                                       config.train.sft_steps, config.train.sft_lr, log=log)
+        state = train_step.init(init_key, params)
+    hyper = Hyper.from_config(config, parts.env_params)
+    step_fn = jax.jit(train_step, donate_argnums=0)
+    keys = tuple(f"{config.env.name}/{k}" if "/" not in k else k for k in SUMMARY_KEYS)
+    history = []
+    while int(state.step) < config.train.total_steps:
+        start = time.perf_counter()
+        state, metrics = step_fn(state, step_key, hyper)
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics["time/step_s"] = time.perf_counter() - start
+        step = int(state.step)
+        history.append(metrics)
+        writer.write(step, metrics)
+        _log(log, summary_line(step, metrics, keys))
+        empty_steps = empty_steps + 1 if metrics["rollout/empty_after_filter"] > 0 else 0
+        stop = 0 < config.filter.empty_stop_steps <= empty_steps
+        if checkpointer is not None:
+            checkpointer.save(step, state, {"empty_steps": empty_steps, "metrics": metrics},
+                              force=stop or step == config.train.total_steps)
+        if stop:
+            _log(log, f"early stop: the filter kept no group for {empty_steps} consecutive steps (spec C.6)")
+            break
+    if checkpointer is not None:
+        checkpointer.close()
+    writer.close()
+    return state, history
+
+
+def _log(log, text: str) -> None:
+    if log is not None:
+        log(text)
