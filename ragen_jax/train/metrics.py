@@ -70,7 +70,8 @@ class MetricsWriter:
         if self.tensorboard:
             writer = self._tensorboard_writer()
             for name, value in values.items():
-                writer.add_scalar(name, value, global_step=int(step))
+                if math.isfinite(value):  # NaN = not computed this step (e.g. no valid reasoning): no point
+                    writer.add_scalar(name, value, global_step=int(step))
         return True
 
     def truncate_after(self, step: int) -> int:

@@ -31,10 +31,10 @@ def response_text(reasoning: str, answer: str, enable_think: bool) -> str:
 
 
 def oracle_batch(rollout: Rollout, tokenizer, first_prompts: Callable, key: jax.Array, env_params,
-                 rng: np.random.Generator, response_capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens i32[B, P + response_capacity], attention bool[B, same], loss_mask f32[B, same - 1]) on the host.
-
-    first_prompts: `jax.jit(rollout.first_prompts)`. Responses longer than `response_capacity` are cut.
+                 rng: np.random.Generator, response_capacity: int):
+    """(tokens i32[B, P + response_capacity], attention bool[B, same], loss_mask f32[B, same - 1], num_cut) on the
+    host. first_prompts: `jax.jit(rollout.first_prompts)`. Responses longer than `response_capacity` (num_cut of
+    them) are cut: the model then never sees their answer, so size the capacity to the oracle's responses.
     """
     prompts, lengths, states = jax.device_get(first_prompts(key, env_params))
     answers = rollout.env.oracles(states, rng)
@@ -42,8 +42,10 @@ def oracle_batch(rollout: Rollout, tokenizer, first_prompts: Callable, key: jax.
     tokens = np.full((batch, width), tokenizer.pad_id, np.int32)
     loss_mask = np.zeros((batch, width - 1), np.float32)
     ends = np.zeros(batch, np.int64)
+    num_cut = 0
     for b, (reasoning, answer) in enumerate(answers):
         ids = tokenizer.encode(response_text(reasoning, answer, rollout.env.enable_think)) + [tokenizer.eos_id]
+        num_cut += len(ids) > response_capacity
         ids = ids[:response_capacity]
         n = int(lengths[b])
         tokens[b, :n] = prompts[b, :n]
@@ -51,7 +53,7 @@ def oracle_batch(rollout: Rollout, tokenizer, first_prompts: Callable, key: jax.
         loss_mask[b, n - 1:n - 1 + len(ids)] = 1.0  # index t scores token t + 1
         ends[b] = n + len(ids)
     attention = np.arange(width)[None, :] < ends[:, None]
-    return tokens, attention, loss_mask
+    return tokens, attention, loss_mask, num_cut
 
 
 def sft_loss(model_config, params, tokens, attention, loss_mask):
@@ -80,11 +82,14 @@ def warm_start(rollout: Rollout, tokenizer, params, env_params, key: jax.Array, 
 
     opt_state = update.optimizer_init(params, config)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
-    losses, start = [], time.perf_counter()
+    losses, cut, start = [], 0, time.perf_counter()
     for i in range(steps):
-        batch = oracle_batch(rollout, tokenizer, first_prompts, jax.random.fold_in(key, i), env_params, rng, capacity)
+        *batch, num_cut = oracle_batch(rollout, tokenizer, first_prompts, jax.random.fold_in(key, i), env_params, rng,
+                                       capacity)
         params, opt_state, loss = train_step(params, opt_state, *batch)
         losses.append(float(loss))
+        cut += num_cut
         if log and ((i + 1) % log_every == 0 or i + 1 == steps):
-            log(f"sft {i + 1}/{steps}  loss {losses[-1]:.4f}  ({time.perf_counter() - start:.0f}s)")
+            note = f"  ({cut} oracle responses cut at {capacity} tokens so far)" if cut else ""
+            log(f"sft {i + 1}/{steps}  loss {losses[-1]:.4f}  ({time.perf_counter() - start:.0f}s){note}")
     return params, losses

@@ -21,9 +21,10 @@ def test_oracle_batches_extend_the_rollout_context_and_training_lowers_the_loss(
         assert lengths[b] == start and (prompts[b, :start] == traj.tokens[b, :start]).all()
 
     rng = np.random.default_rng(0)
-    tokens, attention, loss_mask = sft.oracle_batch(rollout, tokenizer, first_prompts, jax.random.key(4), env_params,
+    tokens, attention, loss_mask, num_cut = sft.oracle_batch(rollout, tokenizer, first_prompts, jax.random.key(4), env_params,
                                                     np.random.default_rng(0), RESPONSE * 4)
     answers = env.oracles(states, rng)
+    assert num_cut == 0
     for b, (reasoning, answer) in enumerate(answers):
         targets = tokens[b, 1:][loss_mask[b] > 0]
         assert tokenizer.decode(targets[:-1]) == sft.response_text(reasoning, answer, True)
