@@ -36,6 +36,13 @@ def env_name(rows: list[dict]) -> str:
     return next((k.split("/")[0] for k in rows[0] if k.endswith("/success")), "env")
 
 
+def label(key: str) -> str:
+    """A short legend entry: the collapse family and metric, or the metric without its section."""
+    if key.startswith("collapse_"):
+        return key.removeprefix("collapse_").replace("_sample/", "/")
+    return key.split("/", 1)[-1]
+
+
 def plot(rows: list[dict], out: str) -> str:
     if not rows:
         raise ValueError("no metrics to plot: the metrics file is empty")
@@ -47,7 +54,7 @@ def plot(rows: list[dict], out: str) -> str:
             key = key.format(env=env)
             values = np.array([r.get(key, np.nan) for r in rows], float)
             if np.isfinite(values).any():
-                ax.plot(steps, values, marker="o", ms=3, label=key.split("/", 1)[-1] if "/" in key else key)
+                ax.plot(steps, values, marker="o", ms=3, label=label(key))
         ax.set_title(title)
         ax.set_xlabel("step")
         if ax.lines:
