@@ -7,7 +7,7 @@ import numpy as np
 
 import environments
 from ragen_jax import models
-from ragen_jax.models import chat, transformer
+from ragen_jax.models import chat, scripted
 from ragen_jax.models.tokenizer import builtin
 from ragen_jax.rollout.rollout import Rollout
 
@@ -26,24 +26,9 @@ def tiny_setup(vocab_size: int = 512):
 
 
 def scripted_params(config, tokenizer, scale: float = 10.0):
-    """A bigram model: zero layers, one-hot embeddings of the script's tokens, lm_head maps each to the next.
-
-    Greedy decoding after the "<think>" prefill then always answers SCRIPT, whatever the prompt: the
-    reasoning carries no information about the input (a template, spec D). `scale` sets how peaked each
-    next-token distribution is (10: nearly deterministic; 1: high entropy, the same argmax).
-    """
-    script = tokenizer.encode(SCRIPT) + [tokenizer.eos_id]
-    assert len(set(script)) == len(script) <= config.d_model, "script tokens must be distinct"
-    params = jax.tree.map(jnp.zeros_like, transformer.init_params(config, jax.random.key(0)))
-    params["final_norm"]["scale"] = jnp.ones_like(params["final_norm"]["scale"])
-    embed = np.zeros((config.vocab_size, config.d_model), np.float32)
-    head = np.zeros((config.d_model, config.vocab_size), np.float32)
-    for i, (tok, nxt) in enumerate(zip(script[:-1], script[1:])):
-        embed[tok, i] = 1.0
-        head[i, nxt] = scale
-    params["embed"]["embedding"] = jnp.asarray(embed)
-    params["lm_head"]["kernel"] = jnp.asarray(head)
-    return params
+    """The bigram template policy answering SCRIPT after the "<think>" prefill, whatever the prompt
+    (`ragen_jax.models.scripted`)."""
+    return scripted.scripted_params(config, tokenizer.encode(SCRIPT) + [tokenizer.eos_id], scale)
 
 
 def run(setup, params, max_len, temperature, key=1):
