@@ -1,8 +1,7 @@
 """Cross log-prob matrix l[i, j] = log p(z_i | x_j) for R reasoning strings against C prompts (spec D.3).
 
 `cross_log_probs` prefills the C prompts ONCE into a KV cache and scores all R reasoning strings against each
-cached prefix in a batch (`transformer.hidden_states_shared_prefix`: the prefix is shared, not copied per row),
-so its cost grows with C*R*|z| instead of C*R*(|x| + |z|) (RAGEN re-runs the whole
+cached prefix in a batch, so its cost grows with C*R*|z| instead of C*R*(|x| + |z|) (RAGEN re-runs the whole
 [x_j | z_i] sequence for every pair). `cross_log_probs_naive` is that full-sequence computation, kept as the
 reference for tests and benchmarks.
 
@@ -82,7 +81,7 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
     def score_columns(col_ids, prompt_width):
         """[n_row_chunks, cc, rc] x 2: the columns `col_ids` (prompts no longer than prompt_width)."""
         lengths = prompt_len[col_ids]
-        cache = kv.init_cache(config, cc, prompt_width)
+        cache = kv.init_cache(config, cc, prompt_width + max_reason)
         hidden, cache = transformer.hidden_states_with_cache(config, params, prompts[col_ids, :prompt_width], cache,
                                                              num_new=lengths)
         last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
@@ -90,10 +89,11 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
 
         def score_rows(row_ids, width):
             tokens, row_len = reasoning[row_ids, :width], reasoning_len[row_ids]
+            prefix = kv.truncate(cache, prompt_width + width)
 
             def score(j):
-                h = transformer.hidden_states_shared_prefix(config, params, tokens, cache.k[:, j], cache.v[:, j],
-                                                            lengths[j])
+                rows = kv.take_rows(prefix, jnp.full((rc,), j, jnp.int32))
+                h, _ = transformer.hidden_states_with_cache(config, params, tokens, rows, num_new=row_len)
                 # logits at reasoning token t predict token t + 1; the prompt's last logits predict token 0
                 rest = _target_logprobs(transformer.logits_from_hidden(config, params, h[:, :-1]), tokens[:, 1:],
                                         temperature)

@@ -289,44 +289,6 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
     return rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32), new_cache
 
 
-def hidden_states_shared_prefix(config: ModelConfig, params: Params, tokens: jax.Array, prefix_k: jax.Array,
-                                prefix_v: jax.Array, prefix_len: jax.Array) -> jax.Array:
-    """R continuations of ONE cached prefix, without copying it per row: float32[R, T, D] hidden states.
-
-    tokens: int32[R, T] right-padded continuations (token t of every row sits at position prefix_len + t);
-    prefix_k, prefix_v: [L, K, S, hd] one row of a KV cache (e.g. `cache.k[:, j]`); prefix_len: int32[] its
-    filled slots. Each layer's attention is split into the queries against the shared prefix (one matmul for
-    all rows) and against the row's own earlier tokens (causal), combined in one softmax. Equals
-    `hidden_states_with_cache` on R copies of that row; nothing is written to any cache.
-    """
-    R, T = tokens.shape
-    K, S, hd = prefix_k.shape[1:]
-    G = config.num_heads // K
-    positions = prefix_len + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (R, T))
-    inv_freq = rope_inv_freq(config)
-    sees_prefix = jnp.arange(S) < prefix_len  # [S]
-    causal = jnp.tril(jnp.ones((T, T), bool))  # [t, t']
-    neg = jnp.finfo(jnp.float32).min
-
-    def block(x, xs):
-        layer, k_pre, v_pre = xs
-        h = rms_norm(x, layer["input_norm"]["scale"], config.norm_eps)
-        q, k, v = _qkv(config, layer, h, positions, inv_freq)  # q [R, T, H, hd]; k, v [R, T, K, hd]
-        q = q.reshape(R, T, K, G, hd)
-        pre = jnp.einsum("rtkgd,ksd->rkgts", q, k_pre.astype(q.dtype), preferred_element_type=jnp.float32)
-        own = jnp.einsum("rtkgd,rukd->rkgtu", q, k, preferred_element_type=jnp.float32)
-        scale = hd ** -0.5
-        scores = jnp.concatenate([jnp.where(sees_prefix, pre * scale, neg), jnp.where(causal, own * scale, neg)], -1)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = (jnp.einsum("rkgts,ksd->rtkgd", probs[..., :S], v_pre.astype(v.dtype))
-               + jnp.einsum("rkgtu,rukd->rtkgd", probs[..., S:], v))
-        x = x + _dense(out.reshape(R, T, K * G * hd), layer["o_proj"])
-        return _mlp(config, layer, x), None
-
-    x, _ = jax.lax.scan(block, _embed(config, params, tokens), (params["layers"], prefix_k, prefix_v))
-    return rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32)
-
-
 def apply_with_cache(config: ModelConfig, params: Params, tokens: jax.Array, cache: kv.KVCache,
                      num_new: jax.Array | None = None,
                      positions: jax.Array | None = None) -> tuple[jax.Array, kv.KVCache]:
