@@ -42,8 +42,10 @@ def _reduce(token_logp: jax.Array, reasoning_len: jax.Array) -> tuple[jax.Array,
 
 
 def width_tiers(width: int, num_tiers: int) -> tuple[int, ...]:
-    """Static widths width / 2^k (rounded up), k < num_tiers, ascending."""
-    return tuple(sorted({max(1, -(-width // 2 ** k)) for k in range(max(num_tiers, 1))}))
+    """Static widths width * k / num_tiers (rounded up), k = 1..num_tiers, ascending (evenly spaced: a chunk pays
+    for at most width / num_tiers padded positions beyond its longest member)."""
+    n = max(num_tiers, 1)
+    return tuple(sorted({max(1, -(-width * k // n)) for k in range(1, n + 1)}))
 
 
 def _sorted_chunks(lengths: jax.Array, chunk: int) -> jax.Array:
@@ -59,7 +61,7 @@ def _tiered(lengths: jax.Array, tiers: tuple[int, ...], fn, operand):
 
 def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len: jax.Array, reasoning: jax.Array,
                     reasoning_len: jax.Array, temperature=1.0, *, row_chunk: int = 16, col_chunk: int = 8,
-                    num_tiers: int = 3):
+                    num_tiers: int = 4):
     """Prefix-cached cross log-probs (see module docstring); returns (logp_mean, logp_sum) float32[R, C].
 
     Columns are sorted by prompt length and handled `col_chunk` at a time (prefill of the chunk, then its

@@ -95,8 +95,8 @@ def test_temperature_scales_logits(params):
 
 
 def test_width_tiers():
-    assert cross_logprobs.width_tiers(9, 3) == (3, 5, 9)
-    assert cross_logprobs.width_tiers(400, 3) == (100, 200, 400)
+    assert cross_logprobs.width_tiers(9, 3) == (3, 6, 9)
+    assert cross_logprobs.width_tiers(400, 4) == (100, 200, 300, 400)
     assert cross_logprobs.width_tiers(1, 3) == (1,) and cross_logprobs.width_tiers(48, 1) == (48,)
 
 
