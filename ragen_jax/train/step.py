@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import flax.struct
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 from ragen_jax import filtering
 from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import rewards as rewards_lib
-from ragen_jax.diagnostics import cross_logprobs, sampling
+from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
 from ragen_jax.models import transformer
 from ragen_jax.rollout.rollout import Rollout, Trajectory
 from ragen_jax.train import batch as batch_lib
@@ -124,6 +125,10 @@ class TrainStep:
             raise ValueError(f"model.max_seq_len = {model_config.max_seq_len} must be >= rollout.max_model_len - 1 + "
                              f"rollout.response_length = {r.max_model_len - 1 + r.response_length}: the collapse "
                              "diagnostics score reasoning after prompts of up to max_model_len - 1 tokens")
+        if d.grad_analysis_every > 0 and d.grad_analysis_num_groups > 0:
+            raise ValueError(f"diagnostics.grad_analysis_num_groups = {d.grad_analysis_num_groups}: a separate analysis "
+                             "rollout is not supported by the training step yet; 0 analyses the training batch")
+        self.grad_options = gradients.GradAnalysisOptions.from_config(config, chunk_rows=math.gcd(16, batch))
         self.logits_fn = functools.partial(transformer.apply, model_config)
         self.values_fn = functools.partial(transformer.values, model_config)
         self.metric_prefix = config.env.name
@@ -195,6 +200,7 @@ class TrainStep:
         rows = filtering.permute_rows(update.UpdateBatch(
             tokens=tokens, positions=positions, attention_mask=attention, loss_mask=loss_mask, old_logp=old_logp,
             advantages=advantages, ref_logp=ref_logp, returns=returns, old_values=values), kept.perm)
+        metrics.update(self._gradient_analysis(step, state.actor, rows, kept, scores, traj.group_ids, hyper))
         critic, critic_opt = state.critic, state.critic_opt
         if self.use_critic:
             critic, critic_opt, critic_metrics = update.critic_update(
@@ -239,6 +245,36 @@ class TrainStep:
         if a.zero_task_advantage:
             advantages = jnp.zeros_like(advantages)
         return advantages * mask, returns
+
+    def _gradient_analysis(self, step, actor, rows: update.UpdateBatch, kept: filtering.FilterResult, scores,
+                           group_ids, hyper: Hyper) -> dict[str, jax.Array]:
+        """Gradient-component norms by reward-variance bucket of the kept rows (spec E.3) every
+        `diagnostics.grad_analysis_every` steps (NaN on other steps; nothing when 0). Parameters are untouched."""
+        options = self.grad_options
+        if options.every <= 0:
+            return {}
+        a = self.config.algo
+        batch = gradients.GradBatch(
+            tokens=rows.tokens, positions=rows.positions, attention_mask=rows.attention_mask, loss_mask=rows.loss_mask,
+            old_logp=rows.old_logp, advantages=rows.advantages, ref_logp=rows.ref_logp if a.use_kl_loss else None,
+            row_valid=jnp.arange(rows.tokens.shape[0]) < kept.kept_rows, group_ids=group_ids[kept.perm],
+            group_rv=filtering.group_stats(scores.reshape(self.num_groups, self.group_size))["std"])
+        actor_hyper = hyper.actor
+        loss_hyper = gradients.LossHyper(
+            clip_low=actor_hyper.clip_ratio_low, clip_high=actor_hyper.clip_ratio_high, clip_c=actor_hyper.clip_ratio_c,
+            entropy_coeff=actor_hyper.entropy_coeff,
+            kl_coef=actor_hyper.kl_loss_coef if a.use_kl_loss else jnp.float32(0.0),
+            temperature=actor_hyper.temperature)
+
+        def run(_):
+            return gradients.gradient_analysis(
+                self.logits_fn, actor, batch, loss_hyper, agg_mode=options.agg_mode, kl_type=options.kl_type,
+                bucket_mode=options.bucket_mode, num_buckets=options.num_buckets, chunk_rows=options.chunk_rows)
+
+        def skip(_):
+            return {k: jnp.full(v.shape, jnp.nan, v.dtype) for k, v in jax.eval_shape(run, None).items()}
+
+        return jax.lax.cond(gradients.should_run(step, options.every), run, skip, None)
 
     @staticmethod
     def _advantage_metrics(advantages, returns, mask) -> dict[str, jax.Array]:

@@ -90,11 +90,15 @@ def test_nothing_kept_means_nothing_changes(grpo):
     assert float(m["actor/num_updates"]) == 0
 
 
-def test_ppo_with_kl_loss_trains_the_critic_and_warms_up():
-    _, step, state0, hyper, _ = build("ppo", kl="loss", **{"algo.critic_warmup": 1})
+def test_ppo_with_kl_loss_trains_the_critic_warms_up_and_analyses_gradients():
+    _, step, state0, hyper, _ = build("ppo", kl="loss", **{"algo.critic_warmup": 1,
+                                                           "diagnostics.grad_analysis_every": 2})
     assert state0.critic is not None and state0.ref is not None
     state1, m1 = step(state0, jax.random.key(5), hyper)
     assert changed(state0.critic, state1.critic) and not changed(state0.actor, state1.actor)  # step 1 <= warm-up
     state2, m2 = step(state1, jax.random.key(6), hyper)
     assert changed(state1.actor, state2.actor) and not changed(state0.ref, state2.ref)
     assert "actor/kl_loss" in m2 and np.isfinite(float(m2["critic/vf_loss"]))
+    # gradient analysis at steps 1, 3, ... (RAGEN's (step - 1) % every == 0): NaN at step 2
+    assert np.isfinite(float(m1["grad_norm/all/snr"])) and np.isnan(float(m2["grad_norm/all/snr"]))
+    assert float(m1["grad_norm/all/sample_count"]) == 4
