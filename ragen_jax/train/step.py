@@ -158,6 +158,7 @@ class TrainStep:
     def __call__(self, state: TrainState, key: jax.Array, hyper: Hyper) -> tuple[TrainState, dict]:
         c, a, f = self.config, self.config.algo, self.config.filter
         step = state.step + 1  # 1-based, as RAGEN's global_steps
+        hyper = self._warmed_up(hyper, step)
         temperature = hyper.actor.temperature
         rollout_key, diag_key = jax.random.split(jax.random.fold_in(key, step))
         traj = self.rollout(state.actor, rollout_key, hyper.env, temperature, hyper.top_p)
@@ -245,6 +246,15 @@ class TrainStep:
         if a.zero_task_advantage:
             advantages = jnp.zeros_like(advantages)
         return advantages * mask, returns
+
+    def _warmed_up(self, hyper: Hyper, step) -> Hyper:
+        """Linear learning-rate warm-up over `optim.warmup_steps` steps (lr * min(1, step / warmup))."""
+        warmup = self.config.optim.warmup_steps
+        if warmup <= 0:
+            return hyper
+        scale = jnp.minimum(1.0, step.astype(jnp.float32) / warmup)
+        return hyper.replace(actor=hyper.actor._replace(lr=hyper.actor.lr * scale),
+                             critic=hyper.critic._replace(lr=hyper.critic.lr * scale))
 
     def _gradient_analysis(self, step, actor, rows: update.UpdateBatch, kept: filtering.FilterResult, scores,
                            group_ids, hyper: Hyper) -> dict[str, jax.Array]:

@@ -52,3 +52,15 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     png = report.plot(read_metrics(resumed), str(tmp_path / "report.png"))
     assert os.path.getsize(png) > 10_000
 
+
+def test_empty_filter_stops_early(tmp_path):
+    """Greedy rollouts give every member of a group the same trajectory (zero reward variance); with zero-variance
+    groups excluded the filter keeps nothing, and one such step is enough to stop (spec C.6)."""
+    lines = []
+    config = config_for(str(tmp_path), **{"rollout.temperature": 0.0, "filter.include_zero": False,
+                                          "filter.empty_stop_steps": 1, "train.total_steps": 3, "train.sft_steps": 0})
+    state, history = train(config, log=lines.append)
+    assert len(history) == 1 and int(state.step) == 1 and history[0]["rollout/filter_kept_count"] == 0
+    assert any(line.startswith("early stop at step 1: the filter kept no group") for line in lines)
+    assert Checkpointer(os.path.join(str(tmp_path), "ckpt")).all_steps() == [1]
+
