@@ -7,6 +7,8 @@ multi-turn trajectories (system prompt, then per turn an observation, `<think>`,
   grad_analysis:     `gradient_analysis` with 6 quantile buckets + all, three components each;
   scoring:           `cross_log_probs` vs `cross_log_probs_naive` for 8 prompts of 200 tokens x 64 reasoning
                      strings of 64 tokens.
+The cost relative to the whole compiled training step (generation, old log-probs, values, critic and actor
+updates: the reference that replaces the single policy update) is measured by benchmarks/train_step.py.
 Every function is compiled and warmed up first, then `repeats` rounds call each in turn and each figure is its
 best time (the CPU may be shared); the ratios are the figures that matter. Prints one JSON line.
 
