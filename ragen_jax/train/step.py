@@ -125,9 +125,13 @@ class TrainStep:
             raise ValueError(f"model.max_seq_len = {model_config.max_seq_len} must be >= rollout.max_model_len - 1 + "
                              f"rollout.response_length = {r.max_model_len - 1 + r.response_length}: the collapse "
                              "diagnostics score reasoning after prompts of up to max_model_len - 1 tokens")
+        self.analysis_rollout = None
         if d.grad_analysis_every > 0 and d.grad_analysis_num_groups > 0:
-            raise ValueError(f"diagnostics.grad_analysis_num_groups = {d.grad_analysis_num_groups}: a separate analysis "
-                             "rollout is not supported by the training step yet; 0 analyses the training batch")
+            self.analysis_rollout = Rollout(
+                env, tokenizer, chat_format, model_config, num_groups=d.grad_analysis_num_groups,
+                group_size=d.grad_analysis_group_size or r.group_size, max_turn=r.max_turn,
+                response_length=r.response_length, max_len=r.max_model_len, top_k=r.top_k,
+                format_penalty=r.format_penalty)
         self.grad_options = gradients.GradAnalysisOptions.from_config(config, chunk_rows=math.gcd(16, batch))
         self.logits_fn = functools.partial(transformer.apply, model_config)
         self.values_fn = functools.partial(transformer.values, model_config)
@@ -144,16 +148,12 @@ class TrainStep:
         return jax.tree.map(jnp.array, state)  # one buffer per leaf: the jitted step donates the state
 
     def _filter_values(self, scores, old_entropy, loss_mask) -> jax.Array:
-        """f32[N, G] per-trajectory quantity of `filter.metric`."""
+        """f32[B] per-trajectory quantity of `filter.metric`."""
         metric = self.config.filter.metric
         tokens = loss_mask.sum(axis=1)
         if metric.startswith("entropy"):
-            values = (old_entropy * loss_mask).sum(axis=1) / jnp.maximum(tokens, 1.0)
-        elif metric == "length":
-            values = tokens
-        else:
-            values = scores
-        return values.reshape(self.num_groups, self.group_size)
+            return (old_entropy * loss_mask).sum(axis=1) / jnp.maximum(tokens, 1.0)
+        return tokens if metric == "length" else scores
 
     def __call__(self, state: TrainState, key: jax.Array, hyper: Hyper) -> tuple[TrainState, dict]:
         c, a, f = self.config, self.config.algo, self.config.filter
@@ -171,37 +171,8 @@ class TrainStep:
             c.diagnostics.std_eps, c.diagnostics.ema_decay)
         metrics.update(collapse_metrics)
 
-        tokens, positions, attention, loss_mask = batch_lib.model_inputs(traj)
-        old_logp, old_entropy = update.token_logprobs(self.logits_fn, state.actor, tokens, positions, attention,
-                                                      temperature, self.update_config.vocab_chunk)
-        metrics["actor/entropy"] = (old_entropy * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)
-        scores = rewards_lib.normalize_group_rewards(
-            traj.episode_reward.reshape(self.num_groups, self.group_size), c.rollout.reward_normalization).reshape(-1)
-        kept = filtering.apply_filter(self._filter_values(scores, old_entropy, loss_mask), f.metric, f.strategy,
-                                      hyper.filter_value, f.type, f.include_zero, f.top_p_mode, hyper.filter_eps)
-        metrics.update(kept.metrics)
-
-        zeros = jnp.zeros_like(old_logp)
-        ref_logp = zeros
-        if self.use_ref:
-            ref_logp = update.token_logprobs(self.logits_fn, state.ref, tokens, positions, attention, temperature,
-                                             self.update_config.vocab_chunk)[0]
-        values = zeros
-        if self.use_critic:
-            values = update.token_values(self.values_fn, state.critic, tokens, positions, attention)
-        token_rewards = rewards_lib.last_token_rewards(scores, loss_mask)
-        if a.use_kl_in_reward:
-            token_rewards, kl_metrics = adv_lib.kl_in_reward(token_rewards, old_logp, ref_logp, loss_mask,
-                                                             hyper.kl_coef, a.kl_penalty)
-            metrics.update(kl_metrics)
-        advantages, returns = self._advantages(token_rewards, values, loss_mask, kept, traj.group_ids, hyper,
-                                               metrics)
-        metrics.update(self._advantage_metrics(advantages, returns, loss_mask * kept.row_mask[:, None]))
-
-        rows = filtering.permute_rows(update.UpdateBatch(
-            tokens=tokens, positions=positions, attention_mask=attention, loss_mask=loss_mask, old_logp=old_logp,
-            advantages=advantages, ref_logp=ref_logp, returns=returns, old_values=values), kept.perm)
-        metrics.update(self._gradient_analysis(step, state.actor, rows, kept, scores, traj.group_ids, hyper))
+        rows, kept, scores = self._prepare(state, traj, hyper, self.num_groups, self.group_size, True, metrics)
+        metrics.update(self._gradient_analysis(step, state, diag_key, rows, kept, scores, traj.group_ids, hyper))
         critic, critic_opt = state.critic, state.critic_opt
         if self.use_critic:
             critic, critic_opt, critic_metrics = update.critic_update(
@@ -223,8 +194,49 @@ class TrainStep:
                                ref=state.ref, collapse=collapse_state)
         return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
+    def _prepare(self, state: TrainState, traj: Trajectory, hyper: Hyper, num_groups: int, group_size: int,
+                 filtered: bool, metrics: dict):
+        """Scores, filter (or keep everything), log-probs, values, token rewards and advantages of a rollout batch,
+        compacted: (UpdateBatch rows with the kept rows first, FilterResult, normalised episode scores f32[B])."""
+        c, a, f = self.config, self.config.algo, self.config.filter
+        temperature = hyper.actor.temperature
+        tokens, positions, attention, loss_mask = batch_lib.model_inputs(traj)
+        old_logp, old_entropy = update.token_logprobs(self.logits_fn, state.actor, tokens, positions, attention,
+                                                      temperature, self.update_config.vocab_chunk)
+        metrics["actor/entropy"] = (old_entropy * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)
+        scores = rewards_lib.normalize_group_rewards(
+            traj.episode_reward.reshape(num_groups, group_size), c.rollout.reward_normalization).reshape(-1)
+        values_for_filter = self._filter_values(scores, old_entropy, loss_mask).reshape(num_groups, group_size)
+        if filtered:
+            kept = filtering.apply_filter(values_for_filter, f.metric, f.strategy, hyper.filter_value, f.type,
+                                          f.include_zero, f.top_p_mode, hyper.filter_eps)
+        else:  # top-p 1 over all groups keeps every group
+            kept = filtering.apply_filter(values_for_filter, f.metric, "top_p", 1.0, f.type, True, f.top_p_mode)
+        metrics.update(kept.metrics)
+
+        zeros = jnp.zeros_like(old_logp)
+        ref_logp = zeros
+        if self.use_ref:
+            ref_logp = update.token_logprobs(self.logits_fn, state.ref, tokens, positions, attention, temperature,
+                                             self.update_config.vocab_chunk)[0]
+        values = zeros
+        if self.use_critic:
+            values = update.token_values(self.values_fn, state.critic, tokens, positions, attention)
+        token_rewards = rewards_lib.last_token_rewards(scores, loss_mask)
+        if a.use_kl_in_reward:
+            token_rewards, kl_metrics = adv_lib.kl_in_reward(token_rewards, old_logp, ref_logp, loss_mask,
+                                                             hyper.kl_coef, a.kl_penalty)
+            metrics.update(kl_metrics)
+        advantages, returns = self._advantages(token_rewards, values, loss_mask, kept, traj.group_ids, hyper,
+                                               num_groups, metrics)
+        metrics.update(self._advantage_metrics(advantages, returns, loss_mask * kept.row_mask[:, None]))
+        rows = filtering.permute_rows(update.UpdateBatch(
+            tokens=tokens, positions=positions, attention_mask=attention, loss_mask=loss_mask, old_logp=old_logp,
+            advantages=advantages, ref_logp=ref_logp, returns=returns, old_values=values), kept.perm)
+        return rows, kept, scores
+
     def _advantages(self, token_rewards, values, loss_mask, kept: filtering.FilterResult, group_ids, hyper: Hyper,
-                    metrics: dict):
+                    num_groups: int, metrics: dict):
         """(advantages, returns) f32[B, T] over the kept rows (spec B.2-B.5, C.5); adds metrics in place."""
         a, f = self.config.algo, self.config.filter
         mask = loss_mask * kept.row_mask[:, None]
@@ -234,10 +246,10 @@ class TrainStep:
             advantages, returns = gae_fn(token_rewards, values, mask, hyper.gamma, hyper.lam, *extra)
         else:
             lengths = loss_mask.sum(axis=1) if a.grpo_length_weight else None
-            per_row = adv_lib.grpo(token_rewards.sum(axis=1), group_ids, self.num_groups, a.norm_adv_by_std,
+            per_row = adv_lib.grpo(token_rewards.sum(axis=1), group_ids, num_groups, a.norm_adv_by_std,
                                    lengths=lengths, row_mask=kept.row_mask)
             if a.soft_advantage_reweight:  # GRPO only: it needs the per-group std (spec C.5)
-                group_std = filtering.group_stats(token_rewards.sum(axis=1).reshape(self.num_groups, -1))["std"]
+                group_std = filtering.group_stats(token_rewards.sum(axis=1).reshape(num_groups, -1))["std"]
                 weights, reweight_metrics = filtering.soft_advantage_weights(group_std, kept.group_mask)
                 per_row = per_row * weights[group_ids]
                 metrics.update(reweight_metrics)
@@ -256,19 +268,16 @@ class TrainStep:
         return hyper.replace(actor=hyper.actor._replace(lr=hyper.actor.lr * scale),
                              critic=hyper.critic._replace(lr=hyper.critic.lr * scale))
 
-    def _gradient_analysis(self, step, actor, rows: update.UpdateBatch, kept: filtering.FilterResult, scores,
-                           group_ids, hyper: Hyper) -> dict[str, jax.Array]:
-        """Gradient-component norms by reward-variance bucket of the kept rows (spec E.3) every
-        `diagnostics.grad_analysis_every` steps (NaN on other steps; nothing when 0). Parameters are untouched."""
+    def _gradient_analysis(self, step, state: TrainState, key, rows: update.UpdateBatch, kept: filtering.FilterResult,
+                           scores, group_ids, hyper: Hyper) -> dict[str, jax.Array]:
+        """Gradient-component norms by reward-variance bucket (spec E.3) every `diagnostics.grad_analysis_every`
+        steps (NaN on other steps; nothing when 0): on the kept rows of the training batch, or, with
+        `diagnostics.grad_analysis_num_groups` > 0, on a separate unfiltered rollout of that many groups (rolled
+        out only on analysis steps). Parameters are untouched."""
         options = self.grad_options
         if options.every <= 0:
             return {}
         a = self.config.algo
-        batch = gradients.GradBatch(
-            tokens=rows.tokens, positions=rows.positions, attention_mask=rows.attention_mask, loss_mask=rows.loss_mask,
-            old_logp=rows.old_logp, advantages=rows.advantages, ref_logp=rows.ref_logp if a.use_kl_loss else None,
-            row_valid=jnp.arange(rows.tokens.shape[0]) < kept.kept_rows, group_ids=group_ids[kept.perm],
-            group_rv=filtering.group_stats(scores.reshape(self.num_groups, self.group_size))["std"])
         actor_hyper = hyper.actor
         loss_hyper = gradients.LossHyper(
             clip_low=actor_hyper.clip_ratio_low, clip_high=actor_hyper.clip_ratio_high, clip_c=actor_hyper.clip_ratio_c,
@@ -276,10 +285,25 @@ class TrainStep:
             kl_coef=actor_hyper.kl_loss_coef if a.use_kl_loss else jnp.float32(0.0),
             temperature=actor_hyper.temperature)
 
-        def run(_):
+        def analyse(rows, kept, scores, group_ids, num_groups, group_size, chunk_rows):
+            batch = gradients.GradBatch(
+                tokens=rows.tokens, positions=rows.positions, attention_mask=rows.attention_mask,
+                loss_mask=rows.loss_mask, old_logp=rows.old_logp, advantages=rows.advantages,
+                ref_logp=rows.ref_logp if a.use_kl_loss else None,
+                row_valid=jnp.arange(rows.tokens.shape[0]) < kept.kept_rows, group_ids=group_ids[kept.perm],
+                group_rv=filtering.group_stats(scores.reshape(num_groups, group_size))["std"])
             return gradients.gradient_analysis(
-                self.logits_fn, actor, batch, loss_hyper, agg_mode=options.agg_mode, kl_type=options.kl_type,
-                bucket_mode=options.bucket_mode, num_buckets=options.num_buckets, chunk_rows=options.chunk_rows)
+                self.logits_fn, state.actor, batch, loss_hyper, agg_mode=options.agg_mode, kl_type=options.kl_type,
+                bucket_mode=options.bucket_mode, num_buckets=options.num_buckets, chunk_rows=chunk_rows)
+
+        def run(_):
+            if self.analysis_rollout is None:
+                return analyse(rows, kept, scores, group_ids, self.num_groups, self.group_size, options.chunk_rows)
+            ro = self.analysis_rollout
+            traj = ro(state.actor, jax.random.fold_in(key, 1), hyper.env, actor_hyper.temperature, hyper.top_p)
+            rows_a, kept_a, scores_a = self._prepare(state, traj, hyper, ro.num_groups, ro.group_size, False, {})
+            return analyse(rows_a, kept_a, scores_a, traj.group_ids, ro.num_groups, ro.group_size,
+                           math.gcd(16, ro.batch_size))
 
         def skip(_):
             return {k: jnp.full(v.shape, jnp.nan, v.dtype) for k, v in jax.eval_shape(run, None).items()}

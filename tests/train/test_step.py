@@ -50,7 +50,7 @@ def changed(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def grpo():
-    return build("grpo")
+    return build("grpo", **{"diagnostics.grad_analysis_every": 1})
 
 
 def test_grpo_steps_update_the_actor_without_recompiling(grpo):
@@ -63,6 +63,7 @@ def test_grpo_steps_update_the_actor_without_recompiling(grpo):
         assert name in m1 and np.isfinite(float(m1[name])), name
     assert float(m1["rollout/filter_kept_ratio"]) == 1.0  # the GRPO preset does not filter
     assert float(m1["actor/num_updates"]) == 2  # two minibatches of 2 rows (= one group each)
+    assert float(m1["grad_norm/all/sample_count"]) == 4  # the analysis runs on the kept training rows
     # a new filter value and temperature are traced: same compiled step
     state2, m2 = step(state1, jax.random.key(3), hyper.replace(filter_value=jnp.float32(0.5),
                                                                actor=hyper.actor._replace(temperature=jnp.float32(0.7))))
@@ -90,9 +91,10 @@ def test_nothing_kept_means_nothing_changes(grpo):
     assert float(m["actor/num_updates"]) == 0
 
 
-def test_ppo_with_kl_loss_trains_the_critic_warms_up_and_analyses_gradients():
+def test_ppo_with_kl_loss_trains_the_critic_warms_up_and_analyses_a_separate_batch():
     _, step, state0, hyper, _ = build("ppo", kl="loss", **{"algo.critic_warmup": 1,
-                                                           "diagnostics.grad_analysis_every": 2})
+                                                           "diagnostics.grad_analysis_every": 2,
+                                                           "diagnostics.grad_analysis_num_groups": 3})
     assert state0.critic is not None and state0.ref is not None
     state1, m1 = step(state0, jax.random.key(5), hyper)
     assert changed(state0.critic, state1.critic) and not changed(state0.actor, state1.actor)  # step 1 <= warm-up
@@ -101,4 +103,4 @@ def test_ppo_with_kl_loss_trains_the_critic_warms_up_and_analyses_gradients():
     assert "actor/kl_loss" in m2 and np.isfinite(float(m2["critic/vf_loss"]))
     # gradient analysis at steps 1, 3, ... (RAGEN's (step - 1) % every == 0): NaN at step 2
     assert np.isfinite(float(m1["grad_norm/all/snr"])) and np.isnan(float(m2["grad_norm/all/snr"]))
-    assert float(m1["grad_norm/all/sample_count"]) == 4
+    assert float(m1["grad_norm/all/sample_count"]) == 6  # a separate unfiltered batch of 3 groups x 2
