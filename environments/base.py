@@ -9,6 +9,7 @@ Public API (all functions pure; vmap over a batch of envs, jit freely):
     env.oracle(state, rng) -> (reasoning, answer)   # host; a correct answer + a paraphrased reasoning
     env.render_texts(states), env.oracles(states, rng)  # the same for a batch (leading axis)
     env.parse(response_tokens, response_len) -> ParsedResponse   # parsing.py, e.g. for token spans
+    env.step_parsed(key, state, parsed, params)  # = step, on a response already parsed
     env.instruction: str                 # env part of the system prompt (rules, symbols, actions)
     env.action_words: tuple[str, ...]    # () for free-text envs
     env.obs_capacity: int                # static size of obs.tokens
@@ -159,7 +160,11 @@ class TextEnv:
         return self.render(s), state
 
     def step(self, key, state: TurnState, response_tokens, response_len, params):
-        parsed = self.parse(response_tokens, response_len)
+        return self.step_parsed(key, state, self.parse(response_tokens, response_len), params)
+
+    def step_parsed(self, key, state: TurnState, parsed: ParsedResponse, params):
+        """`step` on a response already parsed by `self.parse` (callers that also need the parse, e.g. its
+        reasoning span, parse once)."""
         if self.action_words:
             s, reward, terminated, executed, num_valid, format_ok, effective = self._run_actions(
                 key, state, parsed, params

@@ -23,10 +23,11 @@ import jax
 from configs import base
 from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
+from ragen_jax.models import chat as chat_lib
 from ragen_jax.models import scripted
 from ragen_jax.models import tokenizer as tok_lib
 from ragen_jax.rollout import prompts as prompts_lib
-from ragen_jax.train.build import build
+from ragen_jax.train.build import build, build_env, build_tokenizer
 from ragen_jax.train.step import Hyper, TrainStep
 
 MODEL = {"model.d_model": 128, "model.num_layers": 4, "model.num_heads": 4, "model.num_kv_heads": 2,
@@ -49,11 +50,12 @@ def make_config(num_groups: int, group_size: int, max_turn: int, num_samples: in
         **MODEL, "env.name": "sokoban", "rollout.num_groups": num_groups, "rollout.group_size": group_size,
         "rollout.max_turn": max_turn, "rollout.response_length": RESPONSE, "diagnostics.num_samples": num_samples,
         "diagnostics.collapse_every": collapse_every})
-    parts = build(config)
-    turn_prompts = prompts_lib.TurnPrompts(parts.tokenizer, parts.chat_format, parts.env.instruction, max_turn,
-                                           parts.env.max_actions_per_traj, RESPONSE, True)
-    max_len = (len(turn_prompts.system_ids) + max_turn * (turn_prompts.chunk_capacity(parts.env.obs_capacity)
-                                                          + RESPONSE) + len(turn_prompts.close_ids))
+    tokenizer = build_tokenizer(config)
+    env, _ = build_env(config, tokenizer)
+    turn_prompts = prompts_lib.TurnPrompts(tokenizer, chat_lib.get(config.tokenizer.chat_format), env.instruction,
+                                           max_turn, env.max_actions_per_traj, RESPONSE, True)
+    max_len = (len(turn_prompts.system_ids) + max_turn * (turn_prompts.chunk_capacity(env.obs_capacity) + RESPONSE)
+               + len(turn_prompts.close_ids))
     config = presets.apply_overrides(config, {"rollout.max_model_len": max_len,
                                               "model.max_seq_len": max_len + RESPONSE})
     return config_lib.validate(config, num_devices=1)

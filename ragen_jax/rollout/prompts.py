@@ -72,43 +72,36 @@ class TurnPrompts:
 
     def __init__(self, tokenizer, chat_format: chat_lib.ChatFormat, instruction: str, max_turn: int,
                  max_actions: int, response_length: int, enable_think: bool):
-        self.chat_format = chat_format
-        self.max_turn = max_turn
-        self.response_length = response_length
-        self.enable_think = enable_think
         strip = chat_format.strip_content  # Llama-3 trims every content: no leading/trailing newline then
         fmt = FORMAT_THINK if enable_think else FORMAT_ANSWER
-        self._turn_heads = [f"\nTurn {t}:\nState:\n" for t in range(1, max_turn + 1)]
-        self._first_heads = [h.lstrip() if strip else h for h in self._turn_heads]
-        self._tail = (f" actions left. Always output: {fmt} with no extra text. Strictly follow this format. "
-                      f"Max response length: {response_length} words (tokens).") + ("" if strip else "\n")
-        self.prefill = chat_lib.prefill(enable_think)
-        self._close = chat_format.end_of_turn + chat_format.after_turn
-        self._open = chat_format.generation_prompt(self.prefill)
-        pieces = [chat_format.end_of_turn, chat_format.after_turn, chat_format.header("user"), REWARD_LABEL, "\n",
-                  "-", ".", *"0123456789", *self._turn_heads, *self._first_heads, WARNING, "You have ",
-                  *map(str, range(max_actions + 1)), self._tail, self._close + self._open]
-        self.table = PieceTable(tokenizer, pieces)
+        digits = list("0123456789")
+        turn_heads = [f"\nTurn {t}:\nState:\n" for t in range(1, max_turn + 1)]
+        first_heads = [h.lstrip() if strip else h for h in turn_heads]
+        numbers = [str(k) for k in range(max_actions + 1)]
+        tail = (f" actions left. Always output: {fmt} with no extra text. Strictly follow this format. "
+                f"Max response length: {response_length} words (tokens).") + ("" if strip else "\n")
+        prefill = chat_lib.prefill(enable_think)
+        close = chat_format.end_of_turn + chat_format.after_turn
+        self._texts = dict(eot=chat_format.end_of_turn, after=chat_format.after_turn, user=chat_format.header("user"),
+                           label=REWARD_LABEL, minus="-", dot=".", newline="\n", warning=WARNING,
+                           you_have="You have ", tail=tail, open=close + chat_format.generation_prompt(prefill))
+        t = self._texts
+        # the candidate texts of every slot of `chunk`, in order: they give the pieces and the static capacities
+        pre_slots = [[t["eot"]], [t["after"]], [t["user"]], [t["label"]], [t["minus"]], *[digits] * _INT_DIGITS,
+                     [t["dot"]], digits, digits, [t["newline"]], turn_heads + first_heads]
+        post_slots = [[t["newline"]], [t["warning"]], [t["you_have"]], numbers, [t["tail"]], [t["open"]]]
+        self.table = PieceTable(tokenizer, [text for slot in pre_slots + post_slots for text in slot])
+        self.pre_capacity = sum(self.table.max_len(slot) for slot in pre_slots)
+        self.post_capacity = sum(self.table.max_len(slot) for slot in post_slots)
+        self._ids = {name: self.table.index(text) for name, text in t.items()}
+        self._digits = jnp.asarray(self.table.indices(digits))
+        self._heads = jnp.asarray(self.table.indices(turn_heads))
+        self._first = jnp.asarray(self.table.indices(first_heads))
+        self._numbers = jnp.asarray(self.table.indices(numbers))
         system = chat_format.render([("system", system_content(instruction))])
         self.system_ids = np.asarray(tokenizer.encode(system) if system else [], np.int32)
-        self.prefill_ids = np.asarray(tokenizer.encode(self.prefill), np.int32)
-        self.close_ids = np.asarray(tokenizer.encode(self._close), np.int32)
-        idx = self.table.index
-        self._digits = jnp.asarray(self.table.indices(list("0123456789")))
-        self._heads = jnp.asarray(self.table.indices(self._turn_heads))
-        self._first = jnp.asarray(self.table.indices(self._first_heads))
-        self._numbers = jnp.asarray(self.table.indices([str(k) for k in range(max_actions + 1)]))
-        self._ids = {name: idx(text) for name, text in (
-            ("eot", chat_format.end_of_turn), ("after", chat_format.after_turn), ("user", chat_format.header("user")),
-            ("label", REWARD_LABEL), ("newline", "\n"), ("minus", "-"), ("dot", "."), ("warning", WARNING),
-            ("you_have", "You have "), ("tail", self._tail), ("open", self._close + self._open))}
-        n = self.table.max_len
-        digit = n(list("0123456789"))
-        self.pre_capacity = (n([chat_format.end_of_turn]) + n([chat_format.after_turn]) + n([chat_format.header("user")])
-                             + n([REWARD_LABEL]) + n(["-"]) + n(["."]) + (_INT_DIGITS + 2) * digit + n(["\n"])
-                             + n(self._turn_heads + self._first_heads))
-        self.post_capacity = (n(["\n"]) + n([WARNING]) + n(["You have "]) + n([str(k) for k in range(max_actions + 1)])
-                              + n([self._tail]) + n([self._close + self._open]))
+        self.prefill_ids = np.asarray(tokenizer.encode(prefill), np.int32)
+        self.close_ids = np.asarray(tokenizer.encode(close), np.int32)
 
     def chunk_capacity(self, obs_capacity: int) -> int:
         """Static token capacity of a turn chunk around observations of `obs_capacity` tokens."""
@@ -165,14 +158,18 @@ class TurnPrompts:
         return jnp.where(jnp.arange(n) + skip < n, ids[jnp.minimum(jnp.arange(n) + skip, n - 1)], 0), n - skip
 
 
+def place(buffer: jax.Array, start: jax.Array, values: jax.Array, length: jax.Array) -> jax.Array:
+    """buffer[start + k] = values[k] for k < length (buffer [L], values [N]); the rest of buffer unchanged."""
+    rel = jnp.arange(buffer.shape[0]) - start
+    inside = (rel >= 0) & (rel < length)
+    return jnp.where(inside, values[jnp.clip(rel, 0, values.shape[0] - 1)], buffer)
+
+
 def concat_tokens(parts, capacity: int, pad_id: int) -> tuple[jax.Array, jax.Array]:
     """Concatenate variable-length token arrays [(tokens i32[n_k], length i32[]), ...] into i32[capacity]."""
-    pos = jnp.arange(capacity)
     out = jnp.full((capacity,), pad_id, jnp.int32)
     start = jnp.int32(0)
     for tokens, length in parts:
-        rel = pos - start
-        inside = (rel >= 0) & (rel < length)
-        out = jnp.where(inside, tokens[jnp.clip(rel, 0, tokens.shape[0] - 1)], out)
+        out = place(out, start, tokens, length)
         start = start + length
     return out, jnp.minimum(start, capacity).astype(jnp.int32)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from environments.base import tree_select
 from ragen_jax.models import kv_cache as kv
 from ragen_jax.models import transformer as tfm
 from ragen_jax.models.config import ModelConfig
@@ -64,16 +64,8 @@ class Trajectory:
     group_ids: jax.Array
 
 
-def select_rows(pred: jax.Array, on_true, on_false):
-    """Row-wise `where(pred[b], on_true[b], on_false[b])` over pytrees with leading axis B (pred bool[B])."""
-    return jax.tree.map(lambda a, b: jnp.where(pred.reshape(pred.shape + (1,) * (a.ndim - 1)), a, b), on_true, on_false)
-
-
-def write_rows(buffer: jax.Array, start: jax.Array, values: jax.Array, length: jax.Array) -> jax.Array:
-    """buffer[b, start[b] + k] = values[b, k] for k < length[b] (buffer [B, L], values [B, N])."""
-    rel = jnp.arange(buffer.shape[1])[None, :] - start[:, None]
-    inside = (rel >= 0) & (rel < length[:, None])
-    return jnp.where(inside, jnp.take_along_axis(values, jnp.clip(rel, 0, values.shape[1] - 1), axis=1), buffer)
+select_rows = jax.vmap(tree_select)  # row-wise where(pred[b], a[b], b[b]) over pytrees with leading axis B
+write_rows = jax.vmap(prompts_lib.place)  # buffer[b, start[b] + k] = values[b, k] for k < length[b]
 
 
 class Rollout:
@@ -167,9 +159,10 @@ class Rollout:
             logp = write_rows(logp, start, out.logprobs, gen_len)
             response = jnp.concatenate([jnp.broadcast_to(prefill, (B, prefill.shape[0])), out.tokens], axis=1)
             response_len = prefill.shape[0] + gen_len
-            obs2, state2, r, _, info = jax.vmap(env.step, in_axes=(0, 0, 0, 0, None))(
-                jax.random.split(jax.random.fold_in(step_key, t), B), state, response, response_len, env_params)
-            think = jax.vmap(env.parse)(response, response_len).think_tokens  # [B, 2] within the response
+            parsed = jax.vmap(env.parse)(response, response_len)
+            obs2, state2, r, _, info = jax.vmap(env.step_parsed, in_axes=(0, 0, 0, None))(
+                jax.random.split(jax.random.fold_in(step_key, t), B), state, parsed, env_params)
+            think = parsed.think_tokens  # [B, 2] token span within the response
             record = dict(
                 taken=active, response_start=jnp.where(active, start, 0), response_len=gen_len,
                 think_start=jnp.where(active, start - prefill.shape[0] + think[:, 0], 0),

@@ -26,7 +26,7 @@ from ragen_jax import filtering
 from ragen_jax.train import sft
 from ragen_jax.train.build import build
 from ragen_jax.train.checkpoint import Checkpointer
-from ragen_jax.train.metrics import MetricsWriter, summary_line
+from ragen_jax.train.metrics import MetricsWriter, summary_line, to_floats
 from ragen_jax.train.step import Hyper, TrainStep
 
 SUMMARY_KEYS = ("success", "episode_reward", "rollout/filter_kept_ratio", "actor/entropy",
@@ -66,7 +66,7 @@ def train(config, log: Callable[[str], None] | None = print) -> tuple[object, li
     while int(state.step) < config.train.total_steps:
         start = time.perf_counter()
         state, metrics = step_fn(state, step_key, hyper)
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics = to_floats(metrics)
         metrics["time/step_s"] = time.perf_counter() - start
         step = int(state.step)
         history.append(metrics)

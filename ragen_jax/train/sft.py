@@ -26,8 +26,8 @@ from ragen_jax.train import update
 
 def response_text(reasoning: str, answer: str, enable_think: bool) -> str:
     """The oracle's response after the prefill (spec A.4/A.5 format)."""
-    tail = f"<answer>{answer}{tok_lib.ANSWER_CLOSE}" if enable_think else f"{answer}{tok_lib.ANSWER_CLOSE}"
-    return f"{reasoning}{tok_lib.THINK_CLOSE}{tail}" if enable_think else tail
+    answer_part = f"{answer}{tok_lib.ANSWER_CLOSE}"
+    return f"{reasoning}{tok_lib.THINK_CLOSE}{tok_lib.ANSWER_OPEN}{answer_part}" if enable_think else answer_part
 
 
 def oracle_batch(rollout: Rollout, tokenizer, first_prompts: Callable, key: jax.Array, env_params,

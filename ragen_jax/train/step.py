@@ -101,7 +101,8 @@ class TrainStep:
     """The static structure of a step, built once from the config; calling it runs one step (jit it).
 
     Args:
-      config: a validated `configs/base.py` config; env, tokenizer: the environment and its tokenizer;
+      config: a `configs/base.py` config checked by `ragen_jax.config.validate` (e.g. minibatches dividing the
+        batch); env, tokenizer: the environment and its tokenizer;
       model_config: the policy's ModelConfig; chat_format: a `ragen_jax.models.chat.ChatFormat`.
     """
 
@@ -109,13 +110,13 @@ class TrainStep:
         r, a, d = config.rollout, config.algo, config.diagnostics
         self.config, self.model_config = config, model_config
         self.num_groups, self.group_size = r.num_groups, r.group_size
-        self.rollout = Rollout(env, tokenizer, chat_format, model_config, num_groups=r.num_groups,
-                               group_size=r.group_size, max_turn=r.max_turn, response_length=r.response_length,
-                               max_len=r.max_model_len, top_k=r.top_k, format_penalty=r.format_penalty)
-        batch = r.num_groups * r.group_size
-        if batch % a.ppo_mini_batch_size:
-            raise ValueError(f"algo.ppo_mini_batch_size = {a.ppo_mini_batch_size} must divide the batch of "
-                             f"rollout.num_groups x rollout.group_size = {batch} trajectories")
+
+        def rollout(num_groups: int, group_size: int) -> Rollout:
+            return Rollout(env, tokenizer, chat_format, model_config, num_groups=num_groups, group_size=group_size,
+                           max_turn=r.max_turn, response_length=r.response_length, max_len=r.max_model_len,
+                           top_k=r.top_k, format_penalty=r.format_penalty)
+
+        self.rollout = rollout(r.num_groups, r.group_size)
         self.update_config = update.UpdateConfig.from_config(config)
         self.use_critic = a.adv_estimator == "gae"
         self.use_ref = bool(a.use_kl_loss or a.use_kl_in_reward)
@@ -127,12 +128,9 @@ class TrainStep:
                              "diagnostics score reasoning after prompts of up to max_model_len - 1 tokens")
         self.analysis_rollout = None
         if d.grad_analysis_every > 0 and d.grad_analysis_num_groups > 0:
-            self.analysis_rollout = Rollout(
-                env, tokenizer, chat_format, model_config, num_groups=d.grad_analysis_num_groups,
-                group_size=d.grad_analysis_group_size or r.group_size, max_turn=r.max_turn,
-                response_length=r.response_length, max_len=r.max_model_len, top_k=r.top_k,
-                format_penalty=r.format_penalty)
-        self.grad_options = gradients.GradAnalysisOptions.from_config(config, chunk_rows=math.gcd(16, batch))
+            self.analysis_rollout = rollout(d.grad_analysis_num_groups, d.grad_analysis_group_size or r.group_size)
+        self.grad_options = gradients.GradAnalysisOptions.from_config(
+            config, chunk_rows=math.gcd(16, self.rollout.batch_size))
         self.logits_fn = functools.partial(transformer.apply, model_config)
         self.values_fn = functools.partial(transformer.values, model_config)
         self.metric_prefix = config.env.name
@@ -156,7 +154,7 @@ class TrainStep:
         return tokens if metric == "length" else scores
 
     def __call__(self, state: TrainState, key: jax.Array, hyper: Hyper) -> tuple[TrainState, dict]:
-        c, a, f = self.config, self.config.algo, self.config.filter
+        c, a = self.config, self.config.algo
         step = state.step + 1  # 1-based, as RAGEN's global_steps
         hyper = self._warmed_up(hyper, step)
         temperature = hyper.actor.temperature
@@ -246,10 +244,11 @@ class TrainStep:
             advantages, returns = gae_fn(token_rewards, values, mask, hyper.gamma, hyper.lam, *extra)
         else:
             lengths = loss_mask.sum(axis=1) if a.grpo_length_weight else None
-            per_row = adv_lib.grpo(token_rewards.sum(axis=1), group_ids, num_groups, a.norm_adv_by_std,
-                                   lengths=lengths, row_mask=kept.row_mask)
+            row_scores = token_rewards.sum(axis=1)
+            per_row = adv_lib.grpo(row_scores, group_ids, num_groups, a.norm_adv_by_std, lengths=lengths,
+                                   row_mask=kept.row_mask)
             if a.soft_advantage_reweight:  # GRPO only: it needs the per-group std (spec C.5)
-                group_std = filtering.group_stats(token_rewards.sum(axis=1).reshape(num_groups, -1))["std"]
+                group_std = filtering.group_stats(row_scores.reshape(num_groups, -1))["std"]
                 weights, reweight_metrics = filtering.soft_advantage_weights(group_std, kept.group_mask)
                 per_row = per_row * weights[group_ids]
                 metrics.update(reweight_metrics)

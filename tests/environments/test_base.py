@@ -195,6 +195,7 @@ def test_free_text_answers(builtin_tokenizer):
 
 
 def test_registry_routes_overrides(monkeypatch, builtin_tokenizer):
+    registry.registered()  # load the env modules first: loading into the patched copy would lose them afterwards
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     registry.register("test_line", Line, max_actions_per_traj=4)
     assert "test_line" in registry.registered()
