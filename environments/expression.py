@@ -33,7 +33,7 @@ import numpy as np
 from flax import struct
 
 INT_MAX = np.int32(2**31 - 1)
-MAX_LITERAL = 999_999_999  # 9 digits
+MAX_LITERAL_DIGITS = 9
 _WHITESPACE = tuple(ord(c) for c in " \t\n\r\x0b\x0c")
 # pending multiplicative operator of a level
 _NONE, _MUL, _DIV = 0, 1, 2
@@ -134,6 +134,7 @@ def evaluate(buf: jnp.ndarray, length: jnp.ndarray, max_depth: int = 8, max_lite
         in_num=jnp.bool_(False),
         lit=jnp.int32(0),
         lit_zero=jnp.bool_(False),  # the literal began with '0'
+        lit_digits=jnp.int32(0),  # digits of the current run so far (leading zeros count)
         lit_big=jnp.bool_(False),
         lits=jnp.full((max_literals,), -2, jnp.int32),
         nlits=jnp.int32(0),
@@ -145,7 +146,8 @@ def evaluate(buf: jnp.ndarray, length: jnp.ndarray, max_depth: int = 8, max_lite
 
         # -- literal bookkeeping (independent of validity, like re.findall(r"\d+")) --
         start_num = digit & ~c["in_num"]
-        big = c["lit_big"] | (digit & c["in_num"] & (c["lit"] > MAX_LITERAL // 10))
+        big = c["lit_big"] | (digit & c["in_num"] & (c["lit_digits"] >= MAX_LITERAL_DIGITS))
+        lit_digits = jnp.where(start_num, 1, c["lit_digits"] + digit.astype(jnp.int32))
         lit = jnp.where(start_num, d, jnp.where(big, c["lit"], c["lit"] * 10 + d))
         lit_zero = jnp.where(start_num, d == 0, c["lit_zero"])
         bad_zero = digit & c["in_num"] & c["lit_zero"] & (d != 0)  # Python rejects "07"
@@ -213,7 +215,7 @@ def evaluate(buf: jnp.ndarray, length: jnp.ndarray, max_depth: int = 8, max_lite
         expect = jnp.where(plus | minus | star | slash | lpar, True, jnp.where(rpar, False, expect))
         new = dict(
             level=level, stack=stack, depth=depth, expect=expect, ok=ok, in_num=digit, lit=lit,
-            lit_zero=lit_zero, lit_big=big & ~start_num, lits=lits, nlits=nlits,
+            lit_zero=lit_zero, lit_digits=lit_digits, lit_big=big & ~start_num, lits=lits, nlits=nlits,
         )
         return new, None
 
