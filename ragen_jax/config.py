@@ -59,6 +59,8 @@ POSITIVE_INT_KEYS = (
     "algo.ppo_epochs",
     "algo.ppo_mini_batch_size",
     "diagnostics.num_samples",
+    "mesh.fsdp",
+    "mesh.sweep",
 )
 
 
@@ -94,15 +96,17 @@ def _check_filter_value(config) -> None:
 
 
 def mesh_data_size(config: ml_collections.ConfigDict, num_devices: int) -> int:
-    """The size of the mesh's `data` axis once `-1` is resolved against `num_devices`."""
+    """The size of the mesh's `data` axis: `-1` takes every device left after fsdp and sweep; an explicit size may
+    leave devices unused (the mesh spans the first data * fsdp * sweep devices) but not ask for more than exist."""
     fixed = config.mesh.fsdp * config.mesh.sweep
     if config.mesh.data == -1:
         if num_devices % fixed:
             raise ConfigError("mesh.fsdp", config.mesh.fsdp, f"fsdp * sweep = {fixed} must divide the {num_devices} devices")
         return num_devices // fixed
-    if config.mesh.data * fixed != num_devices:
+    if config.mesh.data < 1 or config.mesh.data * fixed > num_devices:
         raise ConfigError(
-            "mesh.data", config.mesh.data, f"data * fsdp * sweep must equal the {num_devices} devices (or data = -1)"
+            "mesh.data", config.mesh.data,
+            f"data * fsdp * sweep must be at most the {num_devices} devices (or data = -1 for all of them)",
         )
     return config.mesh.data
 
@@ -158,12 +162,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         import jax  # deferred: validating a config should not need a backend unless asked
 
         num_devices = jax.device_count()
-    data = mesh_data_size(config, num_devices)
+    batch_parts = mesh_data_size(config, num_devices) * config.mesh.fsdp
     batch = config.rollout.num_groups * group_size
-    if batch % data:
+    if batch % batch_parts:
         raise ConfigError(
             "rollout.num_groups", config.rollout.num_groups,
-            f"the batch num_groups * group_size = {batch} must be divisible by the mesh's data axis ({data})",
+            f"the batch num_groups * group_size = {batch} must be divisible by the mesh's data * fsdp axes "
+            f"({batch_parts}): the batch is split over both",
         )
     if batch % config.algo.ppo_mini_batch_size:
         raise ConfigError(

@@ -131,19 +131,26 @@ def test_group_size_one_with_grpo(config):
         cfg.validate(config, num_devices=8)
 
 
-def test_batch_not_divisible_by_data_axis(config):
+def test_batch_not_divisible_by_batch_axes(config):
     config.rollout.num_groups, config.rollout.group_size, config.algo.ppo_mini_batch_size = 3, 2, 2
-    with pytest.raises(cfg.ConfigError, match=r"config.rollout.num_groups = 3.*data axis \(8\)"):
+    with pytest.raises(cfg.ConfigError, match=r"config.rollout.num_groups = 3.*data \* fsdp axes \(8\)"):
         cfg.validate(config, num_devices=8)
     cfg.validate(config, num_devices=2)  # 6 rows over a data axis of 2 is fine
-    config.mesh.data, config.mesh.fsdp = 4, 2
-    with pytest.raises(cfg.ConfigError, match=r"data axis \(4\)"):
+    config.mesh.data, config.mesh.fsdp = 1, 2  # fsdp splits the batch too: 6 rows over 1 * 2
+    cfg.validate(config, num_devices=8)
+    config.mesh.data, config.mesh.fsdp = 2, 2
+    with pytest.raises(cfg.ConfigError, match=r"data \* fsdp axes \(4\)"):
         cfg.validate(config, num_devices=8)
 
 
-def test_mesh_must_cover_the_devices(config):
-    config.mesh.data = 3
-    with pytest.raises(cfg.ConfigError, match="config.mesh.data = 3"):
+def test_mesh_may_use_a_subset_of_the_devices_but_not_more(config):
+    config.mesh.data = 4
+    cfg.validate(config, num_devices=8)  # the mesh spans the first 4 devices
+    config.mesh.data, config.mesh.fsdp = 4, 4
+    with pytest.raises(cfg.ConfigError, match="config.mesh.data = 4.*at most the 8 devices"):
+        cfg.validate(config, num_devices=8)
+    config.mesh.data, config.mesh.fsdp = 0, 1
+    with pytest.raises(cfg.ConfigError, match="config.mesh.data = 0"):
         cfg.validate(config, num_devices=8)
 
 

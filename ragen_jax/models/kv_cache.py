@@ -19,6 +19,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from ragen_jax import sharding
 from ragen_jax.models.config import ModelConfig
 
 
@@ -47,6 +48,12 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int | None = None)
     shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
     return KVCache(k=jnp.zeros(shape, config.dtype), v=jnp.zeros(shape, config.dtype),
                    lengths=jnp.zeros((batch_size,), jnp.int32))
+
+
+def shard_rows(cache: KVCache) -> KVCache:
+    """`sharding.shard_batch` for a cache: its rows (axis 1 of k/v) split over the ambient mesh's batch axes."""
+    return KVCache(k=sharding.shard_batch(cache.k, axis=1), v=sharding.shard_batch(cache.v, axis=1),
+                   lengths=sharding.shard_batch(cache.lengths))
 
 
 def take_rows(cache: KVCache, row_ids: jax.Array) -> KVCache:

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from environments.base import tree_select
+from ragen_jax import sharding
 from ragen_jax.models import kv_cache as kv
 from ragen_jax.models import transformer as tfm
 from ragen_jax.models.config import ModelConfig
@@ -174,12 +175,12 @@ class Rollout:
                      jnp.where(active, r, reward), jnp.where(active, out.stopped, stopped),
                      jnp.where(active, ~info["action_is_valid"], warn), jnp.where(active, info["success"], success),
                      cut | (~state.done & ~cut & ~fits))
-            return carry, record
+            return _shard_carry(carry), record
 
         init = (cache, tokens, jnp.zeros((B, L), bool), jnp.zeros((B, L), jnp.float32), cur, state, obs,
                 jnp.zeros((B,), jnp.float32), jnp.zeros((B,), bool), jnp.zeros((B,), bool), jnp.zeros((B,), bool),
                 jnp.zeros((B,), bool))
-        carry, rec = jax.lax.scan(turn, init, jnp.arange(T, dtype=jnp.int32))
+        carry, rec = jax.lax.scan(turn, _shard_carry(init), jnp.arange(T, dtype=jnp.int32))
         _, tokens, sampled, logp, cur, state, _, _, stopped, _, success, cut = carry
         rec = jax.tree.map(lambda x: x.T, rec)  # [T, B] -> [B, T]
         close, close_n = jax.vmap(self.prompts.closing)(stopped)
@@ -195,3 +196,9 @@ class Rollout:
             success=success, done=state.done, cut=cut, num_actions=rec["num_actions"].sum(axis=1),
             group_ids=group_ids)
 
+
+
+def _shard_carry(carry):
+    """The turn loop's carry split over the mesh's batch axes (a no-op without one): rows stay on their devices."""
+    cache, *rest = carry
+    return (kv.shard_rows(cache), *sharding.shard_batch(rest))

@@ -1,15 +1,18 @@
-"""The host loop around the compiled step: build, warm start or resume, step, log, checkpoint, stop early.
+"""The host loop around the compiled step: build, warm start or resume, step, validate, log, checkpoint, stop early.
 
     state, history = train(config)          # config from `ragen_jax.config.load` or a configs/*.py file
 
 Only this loop touches the host: it logs the step's metrics (console, `<logging.dir>/metrics.jsonl`,
-TensorBoard), saves checkpoints every `checkpoint.save_freq` steps and at the end, and runs RAGEN's early stops
-(spec C.6, `ragen_jax.filtering.early_stop`): `filter.empty_stop_steps` consecutive steps whose filter kept no
-group, or a reward-variance collapse (`filter.rv_collapse_window` / `rv_collapse_ratio`); unlike RAGEN, which
-stops before that step's actor update, the step has already updated when the loop sees its metrics. The stop
-states travel in the checkpoints. The step key is the same every step (the step folds its own counter in), so a
-resumed run repeats an uninterrupted one exactly. Not yet here: validation rollouts (`train.test_freq`, so no
-low-validation-success stop) and the device mesh (the step runs on one device).
+TensorBoard), validates the actor before training and every `train.test_freq` steps (`train.validation`, metrics
+under `val-env/` in the same step's row; step 0 is the untrained policy), saves checkpoints every
+`checkpoint.save_freq` steps and at the end, and runs RAGEN's early stops (spec C.6, `train.early_stops`); unlike
+RAGEN, which stops before that step's actor update, the step has already updated when the loop sees its metrics.
+The stop states travel in the checkpoints. The step key is the same every step (the step folds its own counter
+in), so a resumed run repeats an uninterrupted one exactly.
+
+The step runs on the mesh of `config.mesh` (`ragen_jax.sharding`): the batch split over data x fsdp, parameters
+and optimizer states split over fsdp; with one device that is the plain single-device step. Vectorised sweeps
+(`mesh.sweep` > 1) run through `ragen_jax.train.sweep`.
 """
 from __future__ import annotations
 
@@ -18,91 +21,118 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import tqdm
 
 from ragen_jax import config as config_lib
-from ragen_jax import filtering
-from ragen_jax.train import sft
+from ragen_jax import sharding
+from ragen_jax.train import sft, validation
 from ragen_jax.train.build import build
 from ragen_jax.train.checkpoint import Checkpointer
+from ragen_jax.train.early_stops import EarlyStops
 from ragen_jax.train.metrics import MetricsWriter, summary_line, to_floats
 from ragen_jax.train.step import Hyper, TrainStep
+from ragen_jax.train.validation import Validator
 
 SUMMARY_KEYS = ("success", "episode_reward", "rollout/filter_kept_ratio", "actor/entropy",
                 "collapse_first_turn_sample/mi_estimate", "collapse_trajectory_sample/mi_estimate")
+# validation runs at RAGEN's `val_kwargs` top_p of 1.0, not the training top_p
+VALIDATION_TOP_P = 1.0
+
+
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(init_key, sft_key, step_key) of a run with `train.seed` = seed."""
+    return tuple(jax.random.split(jax.random.key(seed), 3))
+
+
+def summary_keys(config) -> tuple[str, ...]:
+    return tuple(f"{config.env.name}/{k}" if "/" not in k else k for k in SUMMARY_KEYS)
+
+
+def initial_params(config, parts, train_step: TrainStep, sft_key: jax.Array, log: Callable[[str], None] | None):
+    """The actor's parameters before RL: the built model, warm-started on environment oracles when
+    `train.sft_steps` > 0 (`train.sft`)."""
+    if config.train.sft_steps <= 0:
+        return parts.params
+    params, _ = sft.warm_start(train_step.rollout, parts.tokenizer, parts.params, parts.env_params, sft_key,
+                               config.train.sft_steps, config.train.sft_lr, log=log)
+    return params
+
+
+def make_validator(config, parts):
+    """(jitted validator params -> metrics, its success keys), or (None, []) when `train.test_freq` <= 0."""
+    if config.train.test_freq <= 0:
+        return None, []
+    validator = Validator(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
+    evaluate = jax.jit(lambda params: validator(params, parts.env_params, jnp.float32(VALIDATION_TOP_P)))
+    return evaluate, validation.success_keys(jax.eval_shape(evaluate, parts.params))
 
 
 def train(config, log: Callable[[str], None] | None = print) -> tuple[object, list[dict]]:
     """Runs `config.train.total_steps` steps (fewer on an early stop). Returns (final TrainState, metrics per step)."""
-    config_lib.validate(config, num_devices=1)  # the step is not sharded yet: it runs on the default device
+    config_lib.validate(config)
+    if config.mesh.sweep != 1:
+        raise config_lib.ConfigError("mesh.sweep", config.mesh.sweep,
+                                     "a single run uses sweep = 1; vectorised sweeps run through ragen_jax.train.sweep")
+    mesh = sharding.make_mesh(config)
     parts = build(config)
     train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
-    key = jax.random.key(config.train.seed)
-    init_key, sft_key, step_key = jax.random.split(key, 3)
-    c, lg = config.checkpoint, config.logging
+    init_key, sft_key, step_key = run_keys(config.train.seed)
+    c, lg, total = config.checkpoint, config.logging, config.train.total_steps
     checkpointer = Checkpointer(c.dir, max_to_keep=c.max_to_keep, save_every=c.save_freq) if c.dir else None
     writer = MetricsWriter(lg.dir or None, tensorboard=lg.tensorboard, every=lg.every)
-    f = config.filter
-    stops = (filtering.empty_stop_init(), filtering.reward_variance_init(f.rv_collapse_window))
-    if checkpointer is not None and c.resume and checkpointer.latest_step() is not None:
+    evaluate, success_keys = make_validator(config, parts)
+    stops = EarlyStops(config.filter, len(success_keys))
+    _log(log, f"mesh {dict(mesh.shape)} over {mesh.devices.size} of {jax.device_count()} devices")
+    with jax.set_mesh(mesh):
         abstract = jax.eval_shape(train_step.init, init_key, parts.params)
-        state, extra = checkpointer.restore_latest(abstract)
-        stops = jax.tree.unflatten(jax.tree.structure(stops), [jnp.asarray(x) for x in extra["early_stop"]])
-        writer.truncate_after(int(state.step))
-        _log(log, f"resumed from step {int(state.step)} in {c.dir}")
-    else:
-        params = parts.params
-        if config.train.sft_steps > 0:
-            params, _ = sft.warm_start(train_step.rollout, parts.tokenizer, params, parts.env_params, sft_key,
-                                       config.train.sft_steps, config.train.sft_lr, log=log)
-        state = train_step.init(init_key, params)
-    hyper = Hyper.from_config(config, parts.env_params)
-    step_fn = jax.jit(train_step, donate_argnums=0)
-    keys = tuple(f"{config.env.name}/{k}" if "/" not in k else k for k in SUMMARY_KEYS)
-    history = []
-    bar = tqdm.tqdm(total=config.train.total_steps, initial=int(state.step), desc="train", unit="step",
-                    disable=not lg.progress_bar)
-    while int(state.step) < config.train.total_steps:
-        start = time.perf_counter()
-        state, metrics = step_fn(state, step_key, hyper)
-        metrics = to_floats(metrics)
-        metrics["time/step_s"] = time.perf_counter() - start
-        step = int(state.step)
-        history.append(metrics)
-        writer.write(step, metrics)
-        _log(log, summary_line(step, metrics, keys))
-        bar.update(1)
-        stops, reason = _early_stop(stops, metrics, f)
-        if checkpointer is not None:
-            extra = {"early_stop": [np.asarray(x).tolist() for x in jax.tree.leaves(stops)], "metrics": metrics}
-            checkpointer.save(step, state, extra, force=reason is not None or step == config.train.total_steps)
+        state_sharding = sharding.state_shardings(abstract, mesh)
+        if checkpointer is not None and c.resume and checkpointer.latest_step() is not None:
+            abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                                    state_sharding)
+            state, extra = checkpointer.restore_latest(abstract)
+            stops.load_json(extra["early_stop"])
+            writer.truncate_after(int(state.step))
+            _log(log, f"resumed from step {int(state.step)} in {c.dir}")
+        else:
+            params = initial_params(config, parts, train_step, sft_key, log)
+            state = jax.device_put(train_step.init(init_key, params), state_sharding)
+        hyper = Hyper.from_config(config, parts.env_params)
+        replicated = sharding.replicated(mesh)
+        step_fn = jax.jit(train_step, in_shardings=(state_sharding, replicated, replicated),
+                          out_shardings=(state_sharding, replicated), donate_argnums=0)
+        keys = summary_keys(config)
+        history = []
+        bar = tqdm.tqdm(total=total, initial=int(state.step), desc="train", unit="step", disable=not lg.progress_bar)
+        reason = None
+        if int(state.step) == 0 and evaluate is not None:
+            val = to_floats(evaluate(state.actor))
+            writer.write(0, val, force=True)
+            _log(log, summary_line(0, val, success_keys))
+            reason = stops.after_validation([val[k] for k in success_keys])
+        while reason is None and int(state.step) < total:
+            start = time.perf_counter()
+            state, metrics = step_fn(state, step_key, hyper)
+            metrics = to_floats(metrics)
+            metrics["time/step_s"] = time.perf_counter() - start
+            step = int(state.step)
+            reason = stops.after_step(metrics)
+            if evaluate is not None and validation.should_validate(step, config.train.test_freq, total):
+                metrics.update(to_floats(evaluate(state.actor)))
+                reason = reason or stops.after_validation([metrics[k] for k in success_keys])
+            history.append(metrics)
+            writer.write(step, metrics, force=any(k.startswith(validation.PREFIX) for k in metrics))
+            _log(log, summary_line(step, metrics, keys + tuple(success_keys)))
+            bar.update(1)
+            if checkpointer is not None:
+                extra = {"early_stop": stops.to_json(), "metrics": metrics}
+                checkpointer.save(step, state, extra, force=reason is not None or step == total)
         if reason is not None:
-            _log(log, f"early stop at step {step}: {reason} (spec C.6)")
-            break
+            _log(log, f"early stop at step {int(state.step)}: {reason} (spec C.6)")
     bar.close()
     if checkpointer is not None:
         checkpointer.close()
     writer.close()
     return state, history
-
-
-def _early_stop(stops, metrics: dict, f):
-    """Feeds one step to the empty-filter and reward-variance rules: (new states, reason to stop or None)."""
-    empty, variance = stops
-    empty, stop_empty = filtering.empty_stop_update(empty, metrics["rollout/filter_kept_count"], f.empty_stop_steps)
-    stop_variance = False
-    if "rollout/in_group_reward_std" in metrics:  # the rule exists for reward filter metrics only
-        variance, stop_variance = filtering.reward_variance_update(
-            variance, metrics["rollout/in_group_reward_std"], metrics["rollout/filter_kept_count"] > 0,
-            f.rv_collapse_ratio)
-    reason = None
-    if bool(stop_empty):
-        reason = f"the filter kept no group for {int(empty.consecutive_empty)} consecutive steps"
-    elif bool(stop_variance):
-        reason = f"reward-variance collapse (the last {f.rv_collapse_window} in-group reward stds < " \
-                 f"{f.rv_collapse_ratio} x their base)"
-    return (empty, variance), reason
 
 
 def _log(log, text: str) -> None:

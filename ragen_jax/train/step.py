@@ -28,7 +28,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ragen_jax import filtering
+from ragen_jax import filtering, sharding
 from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import rewards as rewards_lib
 from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
@@ -159,7 +159,7 @@ class TrainStep:
         hyper = self._warmed_up(hyper, step)
         temperature = hyper.actor.temperature
         rollout_key, diag_key = jax.random.split(jax.random.fold_in(key, step))
-        traj = self.rollout(state.actor, rollout_key, hyper.env, temperature, hyper.top_p)
+        traj = sharding.shard_batch(self.rollout(state.actor, rollout_key, hyper.env, temperature, hyper.top_p))
         metrics = rollout_metrics(traj, self.group_size, self.metric_prefix)
 
         score_fn = functools.partial(cross_logprobs.cross_log_probs, self.model_config, state.actor,
@@ -228,9 +228,9 @@ class TrainStep:
         advantages, returns = self._advantages(token_rewards, values, loss_mask, kept, traj.group_ids, hyper,
                                                num_groups, metrics)
         metrics.update(self._advantage_metrics(advantages, returns, loss_mask * kept.row_mask[:, None]))
-        rows = filtering.permute_rows(update.UpdateBatch(
+        rows = sharding.shard_batch(filtering.permute_rows(update.UpdateBatch(
             tokens=tokens, positions=positions, attention_mask=attention, loss_mask=loss_mask, old_logp=old_logp,
-            advantages=advantages, ref_logp=ref_logp, returns=returns, old_values=values), kept.perm)
+            advantages=advantages, ref_logp=ref_logp, returns=returns, old_values=values), kept.perm))
         return rows, kept, scores
 
     def _advantages(self, token_rewards, values, loss_mask, kept: filtering.FilterResult, group_ids, hyper: Hyper,

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from ragen_jax import sharding
 from ragen_jax.algos.losses import DEFAULT_VOCAB_CHUNK, agg_loss, kl_penalty, logprobs_and_entropy, masked_mean
 from ragen_jax.algos.losses import policy_loss, value_loss
 from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES
@@ -193,8 +194,10 @@ def _critic_loss(values_fn, config: UpdateConfig, hyper: CriticHyper, params, ba
 
 # ------------------------------------------------------------------------------------------------ minibatch loop
 def _split(tree, block: int):
-    """[B, ...] leaves -> [B // block, block, ...]."""
-    return jax.tree.map(lambda x: x.reshape(x.shape[0] // block, block, *x.shape[1:]), tree)
+    """[B, ...] leaves -> [B // block, block, ...], each block split over the mesh's batch axes (when there is one),
+    so every device works on every (mini/micro-)batch."""
+    split = jax.tree.map(lambda x: x.reshape(x.shape[0] // block, block, *x.shape[1:]), tree)
+    return sharding.shard_batch(split, axis=1)
 
 
 def _zeros_like_result(fn, *args):

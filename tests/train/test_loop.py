@@ -19,7 +19,8 @@ TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size"
         "rollout.response_length": 16, "rollout.max_model_len": 1024, "algo.ppo_mini_batch_size": 2,
         "diagnostics.num_samples": 4, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
         "model.num_kv_heads": 1, "model.mlp_dim": 64, "model.max_seq_len": 1040, "train.sft_steps": 3,
-        "train.total_steps": 2, "checkpoint.save_freq": 1, "logging.tensorboard": False}
+        "train.total_steps": 2, "checkpoint.save_freq": 1, "logging.tensorboard": False,
+        "rollout.val_num_groups": 2, "train.test_freq": 2, "mesh.data": 2}  # 2 devices: each holds half the batch
 
 
 def config_for(run_dir: str, **overrides):
@@ -34,7 +35,12 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     state, history = train(config_for(full), log=lines.append)
     assert int(state.step) == 2 and len(history) == 2 and any(line.startswith("sft 3/3") for line in lines)
     rows = read_metrics(full)
-    assert [r["step"] for r in rows] == [1, 2] and np.isfinite(rows[0]["frozen_lake/episode_reward"])
+    assert [r["step"] for r in rows] == [0, 1, 2] and np.isfinite(rows[1]["frozen_lake/episode_reward"])
+    # validation before training and at the last step (test_freq 2), on the same fixed prompts
+    assert "val-env/frozen_lake/success" in rows[0] and "val-env/frozen_lake/success" in rows[2]
+    assert "val-env/frozen_lake/success" not in rows[1]
+    assert rows[0]["val-env/frozen_lake/num_turns"] > 0
+    assert any(line.startswith("mesh {'sweep': 1, 'data': 2, 'fsdp': 1} over 2 of 8 devices") for line in lines)
     assert Checkpointer(os.path.join(full, "ckpt")).all_steps() == [1, 2]
 
     # interrupt after step 1: keep its checkpoint and metrics, then resume to step 2
@@ -47,7 +53,7 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     np.testing.assert_equal(drop_time(resumed_history[0]), drop_time(history[1]))  # NaN == NaN here
     for a, b in zip(jax.tree.leaves(state.actor), jax.tree.leaves(resumed_state.actor)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert [r["step"] for r in read_metrics(resumed)] == [1, 2]
+    assert [r["step"] for r in read_metrics(resumed)] == [0, 1, 2]
 
     png = report.plot(read_metrics(resumed), str(tmp_path / "report.png"))
     assert os.path.getsize(png) > 10_000
@@ -58,9 +64,26 @@ def test_empty_filter_stops_early(tmp_path):
     groups excluded the filter keeps nothing, and one such step is enough to stop (spec C.6)."""
     lines = []
     config = config_for(str(tmp_path), **{"rollout.temperature": 0.0, "filter.include_zero": False,
-                                          "filter.empty_stop_steps": 1, "train.total_steps": 3, "train.sft_steps": 0})
+                                          "filter.empty_stop_steps": 1, "train.total_steps": 3, "train.sft_steps": 0,
+                                          "train.test_freq": 0, "mesh.data": 1, "mesh.fsdp": 2})
     state, history = train(config, log=lines.append)
     assert len(history) == 1 and int(state.step) == 1 and history[0]["rollout/filter_kept_count"] == 0
+    # fsdp = 2: every parameter with an even dimension is split over the fsdp axis, the rest replicated
+    specs = [leaf.sharding.spec for leaf in jax.tree.leaves(state.actor)]
+    assert any("fsdp" in spec for spec in specs) and all(leaf.sharding.mesh.shape["fsdp"] == 2
+                                                         for leaf in jax.tree.leaves(state.actor))
     assert any(line.startswith("early stop at step 1: the filter kept no group") for line in lines)
     assert Checkpointer(os.path.join(str(tmp_path), "ckpt")).all_steps() == [1]
 
+
+
+def test_low_validation_success_stops_before_training(tmp_path):
+    """Every success rate is below a floor of 1.1, so with patience 1 the evaluation before training stops the run
+    (spec C.6 item 3): no step runs, and the step-0 row holds the validation metrics."""
+    lines = []
+    config = config_for(str(tmp_path), **{"filter.val_success_floor": 1.1, "filter.val_success_patience": 1,
+                                          "train.sft_steps": 0, "checkpoint.dir": ""})
+    state, history = train(config, log=lines.append)
+    assert int(state.step) == 0 and history == []
+    assert any("early stop at step 0: validation success below 1.1" in line for line in lines)
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [0]

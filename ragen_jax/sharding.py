@@ -1,0 +1,99 @@
+"""The device mesh and the sharding rules of the training step (DESIGN rule 4: sharding, not pmap).
+
+One `jax.sharding.Mesh` with named axes `("sweep", "data", "fsdp")` (sizes from `config.mesh`):
+
+- the BATCH (environments, trajectories, update rows) is split over `data` x `fsdp` (as in MaxText, the fsdp axis
+  also splits the batch, so every device holds a different slice of it);
+- PARAMETERS and optimizer states are split over `fsdp` along their largest dimension that `fsdp` divides, and
+  replicated over `data` (fsdp = 1 means plain data parallelism);
+- `sweep` carries the members of a vectorised sweep (`ragen_jax.train.sweep`); a single run uses sweep = 1.
+
+Library code marks batch-major values with `shard_batch(x)`: inside `with jax.set_mesh(mesh)` that is a sharding
+constraint over the batch axes, and without an ambient mesh (or with batch axes of size 1) it returns `x`
+unchanged, so the same functions run sharded and unsharded. Sharding never changes results beyond float reduction
+order: random draws are sharding-invariant (threefry is partitionable) and GSPMD inserts the collectives.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("sweep", "data", "fsdp")
+BATCH_AXES = ("data", "fsdp")
+
+
+def mesh_shape(config, num_devices: int) -> tuple[int, int, int]:
+    """(sweep, data, fsdp) sizes of `config.mesh` with `data = -1` resolved against `num_devices`."""
+    from ragen_jax.config import mesh_data_size  # deferred: config imports nothing heavy, this keeps it so
+
+    m = config.mesh
+    return m.sweep, mesh_data_size(config, num_devices), m.fsdp
+
+
+def make_mesh(config, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The mesh of `config.mesh` over the first sweep*data*fsdp of `devices` (default: all devices).
+
+    Axis types are Auto so GSPMD propagates shardings from the constraints (`jax.make_mesh` defaults to Explicit).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(config, len(devices))
+    grid = np.array(devices[: int(np.prod(shape))]).reshape(shape)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def _ambient_batch_size() -> int:
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+        return 1
+    return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+
+
+def shard_batch(tree: Any, axis: int = 0) -> Any:
+    """Constrains every array leaf of `tree` to be split over the batch axes along `axis` (see module doc).
+
+    Leaves with fewer than `axis + 1` dimensions, or whose `axis` is not divisible by data*fsdp, are left as they are
+    (GSPMD places them); outside an ambient mesh this is the identity.
+    """
+    parts = _ambient_batch_size()
+    if parts == 1:
+        return tree
+
+    def constrain(x):
+        if not hasattr(x, "ndim") or x.ndim <= axis or x.shape[axis] % parts:
+            return x
+        return jax.lax.with_sharding_constraint(x, PartitionSpec(*([None] * axis), BATCH_AXES))
+
+    return jax.tree.map(constrain, tree)
+
+
+def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:
+    """PartitionSpec of one parameter-like array: its largest dimension divisible by `fsdp` split over `fsdp`
+    (the first such on ties); replicated when none is, or when fsdp = 1."""
+    if fsdp > 1:
+        candidates = [i for i, n in enumerate(shape) if n % fsdp == 0 and n >= fsdp]
+        if candidates:
+            dim = max(candidates, key=lambda i: (shape[i], -i))
+            return PartitionSpec(*([None] * dim), "fsdp")
+    return PartitionSpec()
+
+
+def state_shardings(state: Any, mesh: Mesh, stacked: bool = False) -> Any:
+    """NamedShardings for a TrainState-like pytree (arrays or ShapeDtypeStructs): `fsdp_spec` per leaf, and with
+    `stacked=True` (a sweep's stacked states) the leading member axis over `sweep`."""
+    fsdp = mesh.shape["fsdp"]
+
+    def sharding(x):
+        shape = tuple(x.shape)
+        if stacked:
+            inner = fsdp_spec(shape[1:], fsdp)
+            return NamedSharding(mesh, PartitionSpec("sweep", *inner))
+        return NamedSharding(mesh, fsdp_spec(shape, fsdp))
+
+    return jax.tree.map(sharding, state)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
