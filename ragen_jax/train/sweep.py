@@ -1,0 +1,221 @@
+"""Vectorised sweeps: S runs that differ only in traced values, trained by ONE compiled step (DESIGN rule 3).
+
+    points = grid({"filter.value": [0.25, 0.5, 1.0], "train.seed": [0, 1]})     # 6 members
+    state, histories = Sweep(config, points).run()                              # histories[i]: member i's rows
+
+Each member is `config` with its overrides (keys from `SWEEPABLE`: values that live in the step's `Hyper`, the env's
+params, or the seed). The members' Hypers, step keys and TrainStates are stacked along a leading axis, the step is
+`jax.vmap`-ed over it with `spmd_axis_name="sweep"`, and the mesh's `sweep` axis splits the members over devices
+(`mesh.sweep` must divide S; data x fsdp split each member's batch as in a single run). Member i computes exactly
+what `train(member_config)` would (up to float reduction order): same initial parameters (the SFT warm start runs
+once per distinct seed), same keys, so members with equal seeds see common random numbers.
+
+Differences from S separate runs, by construction of vmap: the step counter is shared (all members run
+`train.total_steps`); conditions that depend on a member's data (skipping the minibatches of dropped groups) become
+selects, so a sweep does not save that compute. Early stops are evaluated per member and reported (the step each
+rule fired, in `<logging.dir>/sweep.json`) but not applied. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`;
+checkpoints (`checkpoint.dir`) hold the stacked state.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import tqdm
+
+from ragen_jax import config as config_lib
+from ragen_jax import sharding
+from ragen_jax.algos.presets import apply_overrides
+from ragen_jax.train import validation
+from ragen_jax.train.build import build, build_env
+from ragen_jax.train.checkpoint import Checkpointer
+from ragen_jax.train.early_stops import EarlyStops
+from ragen_jax.train.loop import initial_params, make_validator, run_keys, summary_keys
+from ragen_jax.train.metrics import MetricsWriter, summary_line, to_floats
+from ragen_jax.train.step import Hyper, TrainState, TrainStep
+
+SWEEPABLE = ("filter.value", "filter.eps", "algo.gamma", "algo.lam", "algo.high_level_gamma", "algo.kl_coef",
+             "algo.kl_loss_coef", "algo.entropy_coeff", "algo.clip_ratio_low", "algo.clip_ratio_high",
+             "algo.clip_ratio_c", "algo.value_clip", "optim.actor_lr", "optim.critic_lr", "rollout.temperature",
+             "rollout.top_p", "env.success_rate", "train.seed")
+
+
+def grid(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """The cartesian product of `{key: values}` as a list of override dicts (the last key varies fastest)."""
+    keys = list(axes)
+    return [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
+
+
+def member_name(overrides: Mapping[str, Any]) -> str:
+    """A directory-safe name of one member, e.g. `filter.value=0.5,train.seed=1` (`base` when empty)."""
+    return ",".join(f"{k}={v}" for k, v in overrides.items()) or "base"
+
+
+def stack(trees: Sequence[Any]) -> Any:
+    """Stacks equal-structure pytrees along a new leading axis."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def unstack(tree: Any, index: int) -> Any:
+    return jax.tree.map(lambda x: x[index], tree)
+
+
+class Sweep:
+    """S members of one config (see module doc); `run()` trains them, the other members serve tests and tools.
+
+    Args:
+      config: the base config; points: one override dict per member (`grid` builds a grid);
+      log: where progress lines go (None: silent).
+    Raises:
+      ConfigError: a key outside SWEEPABLE, an invalid member config, or `mesh.sweep` not dividing S.
+    """
+
+    def __init__(self, config, points: Sequence[Mapping[str, Any]], log: Callable[[str], None] | None = print):
+        if not points:
+            raise config_lib.ConfigError("sweep points", points, "need at least one member")
+        for point in points:
+            for key in point:
+                if key not in SWEEPABLE:
+                    raise config_lib.ConfigError(key, point[key], f"not sweepable in one compiled step "
+                                                 f"(structural); sweepable keys: {', '.join(SWEEPABLE)}")
+        self.config, self.points, self.log = config, [dict(p) for p in points], log
+        self.configs = [config_lib.validate(apply_overrides(config, p)) for p in self.points]
+        self.names = [member_name(p) for p in self.points]
+        if len(self.points) % config.mesh.sweep:
+            raise config_lib.ConfigError("mesh.sweep", config.mesh.sweep,
+                                         f"must divide the {len(self.points)} sweep members")
+        self.mesh = sharding.make_mesh(config)
+        self.parts = build(config)
+        self.train_step = TrainStep(config, self.parts.env, self.parts.tokenizer, self.parts.model_config,
+                                    self.parts.chat_format)
+        env_params = [build_env(c, self.parts.tokenizer)[1] for c in self.configs]
+        self.hypers = [Hyper.from_config(c, p) for c, p in zip(self.configs, env_params)]
+        self.keys = [run_keys(c.train.seed) for c in self.configs]  # (init, sft, step) per member
+
+    @property
+    def size(self) -> int:
+        return len(self.points)
+
+    def initial_states(self) -> list[TrainState]:
+        """Each member's state before step 1 (one SFT warm start per distinct seed)."""
+        params_by_seed = {}
+        states = []
+        for c, (init_key, sft_key, _) in zip(self.configs, self.keys):
+            if c.train.seed not in params_by_seed:
+                params_by_seed[c.train.seed] = initial_params(c, self.parts, self.train_step, sft_key, self.log)
+            states.append(self.train_step.init(init_key, params_by_seed[c.train.seed]))
+        return states
+
+    @staticmethod
+    def stack_states(states: Sequence[TrainState]) -> TrainState:
+        """Member states stacked along a leading axis, the shared step counter kept a scalar."""
+        return stack(states).replace(step=states[0].step)
+
+    def _state_axes(self, state: TrainState) -> TrainState:
+        """vmap axes of a stacked state: the step counter is shared, everything else has the member axis."""
+        return jax.tree.map(lambda _: 0, state).replace(step=None)
+
+    def step_fn(self, abstract_state: TrainState):
+        """The jitted, vmapped step over stacked (state, step key, hyper), sharded on the mesh."""
+        axes = self._state_axes(abstract_state)
+        vmapped = jax.vmap(self.train_step, in_axes=(axes, 0, 0), out_axes=(axes, 0), spmd_axis_name="sweep")
+        state_sharding = self.state_sharding(abstract_state)
+        members = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("sweep"))
+        return jax.jit(vmapped, in_shardings=(state_sharding, members, members),
+                       out_shardings=(state_sharding, members), donate_argnums=0)
+
+    def state_sharding(self, abstract_state: TrainState) -> TrainState:
+        shardings = sharding.state_shardings(abstract_state, self.mesh, stacked=True)
+        return shardings.replace(step=sharding.replicated(self.mesh))
+
+    def run(self) -> tuple[TrainState, list[list[dict]]]:
+        """Trains every member for `train.total_steps` steps. Returns (stacked final state, metrics rows per member)."""
+        c, lg, total = self.config.checkpoint, self.config.logging, self.config.train.total_steps
+        writers = [MetricsWriter(os.path.join(lg.dir, name) if lg.dir else None, tensorboard=lg.tensorboard,
+                                 every=lg.every) for name in self.names]
+        checkpointer = Checkpointer(c.dir, max_to_keep=c.max_to_keep, save_every=c.save_freq) if c.dir else None
+        evaluate, success_keys = make_validator(self.config, self.parts)
+        stops = [EarlyStops(cfg.filter, len(success_keys)) for cfg in self.configs]
+        fired: list[dict[str, Any]] = [{} for _ in self.names]
+        self._log(f"sweep of {self.size} members on mesh {dict(self.mesh.shape)}: {', '.join(self.names)}")
+        with jax.set_mesh(self.mesh):
+            states = self.initial_states()
+            abstract = jax.eval_shape(self.stack_states, states)
+            state_sharding = self.state_sharding(abstract)
+            if checkpointer is not None and c.resume and checkpointer.latest_step() is not None:
+                target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                                      state_sharding)
+                state, extra = checkpointer.restore_latest(target)
+                for member_stops, saved in zip(stops, extra["early_stop"]):
+                    member_stops.load_json(saved)
+                fired = extra["fired"]
+                for writer in writers:
+                    writer.truncate_after(int(state.step))
+                self._log(f"resumed from step {int(state.step)} in {c.dir}")
+            else:
+                state = jax.device_put(self.stack_states(states), state_sharding)
+            step_fn = self.step_fn(abstract)
+            members = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("sweep"))
+            step_keys, hyper = jax.device_put((jnp.stack([k[2] for k in self.keys]), stack(self.hypers)), members)
+            vmapped_eval = jax.jit(jax.vmap(evaluate)) if evaluate is not None else None
+            histories: list[list[dict]] = [[] for _ in self.names]
+            if int(state.step) == 0 and vmapped_eval is not None:
+                self._validate(vmapped_eval, state, 0, None, writers, stops, fired, success_keys)
+            bar = tqdm.tqdm(total=total, initial=int(state.step), desc="sweep", unit="step",
+                            disable=not lg.progress_bar)
+            while int(state.step) < total:
+                start = time.perf_counter()
+                state, metrics = step_fn(state, step_keys, hyper)
+                step = int(state.step)
+                rows = [to_floats(unstack(metrics, i)) for i in range(self.size)]
+                for i, row in enumerate(rows):
+                    row["time/step_s"] = time.perf_counter() - start
+                    reason = stops[i].after_step(row)
+                    if reason is not None and "first_stop" not in fired[i]:
+                        fired[i].update(first_stop=step, reason=reason)
+                if vmapped_eval is not None and validation.should_validate(step, self.config.train.test_freq, total):
+                    self._validate(vmapped_eval, state, step, rows, writers, stops, fired, success_keys)
+                for i, row in enumerate(rows):
+                    histories[i].append(row)
+                    writers[i].write(step, row, force=any(k.startswith(validation.PREFIX) for k in row))
+                    self._log(f"[{self.names[i]}] " + summary_line(step, row, summary_keys(self.config)))
+                bar.update(1)
+                if checkpointer is not None:
+                    extra = {"early_stop": [s.to_json() for s in stops], "fired": fired, "members": self.names}
+                    checkpointer.save(step, state, extra, force=step == total)
+            bar.close()
+        for i, name in enumerate(self.names):
+            if fired[i]:
+                self._log(f"[{name}] early-stop rule fired at step {fired[i]['first_stop']}: {fired[i]['reason']} "
+                          "(reported, not applied in a sweep)")
+        if lg.dir:
+            with open(os.path.join(lg.dir, "sweep.json"), "w", encoding="utf-8") as f:
+                json.dump({"members": self.points, "names": self.names, "early_stop": fired}, f, indent=1)
+        for writer in writers:
+            writer.close()
+        if checkpointer is not None:
+            checkpointer.close()
+        return state, histories
+
+    def _validate(self, vmapped_eval, state, step, rows, writers, stops, fired, success_keys) -> None:
+        """Validates every member; merges the metrics into `rows` (or writes a step-0 row when rows is None)."""
+        val = vmapped_eval(state.actor)
+        for i in range(self.size):
+            member = to_floats(unstack(val, i))
+            reason = stops[i].after_validation([member[k] for k in success_keys])
+            if reason is not None and "first_stop" not in fired[i]:
+                fired[i].update(first_stop=step, reason=reason)
+            if rows is None:
+                writers[i].write(step, member, force=True)
+                self._log(f"[{self.names[i]}] " + summary_line(step, member, success_keys))
+            else:
+                rows[i].update(member)
+
+    def _log(self, text: str) -> None:
+        if self.log is not None:
+            self.log(text)
