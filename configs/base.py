@@ -58,7 +58,6 @@ def _rollout() -> ml_collections.ConfigDict:
     c.top_p = 1.0  # nucleus sampling threshold (1.0 = off)
     c.top_k = 0  # top-k sampling (0 = off)
     c.reward_normalization = "identity"  # identity | mean | mean_std | asym_clip (per group)
-    c.train_seed = 10000  # base reset seed of training prompts
     c.val_num_groups = 512  # validation prompts
     c.val_group_size = 1  # rollouts per validation prompt
     c.val_temperature = 0.5  # validation sampling temperature
@@ -147,7 +146,7 @@ def _train() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.total_steps = 200  # training steps (RAGEN base: 200; paper scripts: 400)
     c.seed = 0  # master PRNG seed
-    c.test_freq = 10  # validate every N steps (and before training)
+    c.test_freq = 10  # validate before training, every N steps and at the end (0 = never)
     c.sft_steps = 0  # supervised warm-start steps on environment oracles before RL
     c.sft_lr = 1e-3  # warm-start learning rate
     return c
@@ -173,9 +172,9 @@ def _logging() -> ml_collections.ConfigDict:
 
 def _mesh() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.data = -1  # data-parallel axis size (-1 = all devices left after fsdp and sweep)
-    c.fsdp = 1  # parameter-sharding axis size
-    c.sweep = 1  # vectorised-sweep axis size
+    c.data = -1  # data-parallel axis size (-1 = all devices left after fsdp and sweep; else the first devices)
+    c.fsdp = 1  # parameter-sharding axis size (also splits the batch, with data)
+    c.sweep = 1  # vectorised-sweep axis size (ragen_jax.train.sweep; a single run needs 1)
     return c
 
 

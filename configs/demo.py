@@ -2,7 +2,8 @@
 
 SFT warm start from the env's oracles (format + a first move), then GRPO steps with SNR-aware filtering
 (RAGEN-2's paper filter: top-p 0.9 of the reward-variance mass, zero-variance groups dropped) and the collapse
-diagnostics every step. Metrics go to runs/demo/metrics.jsonl (+ TensorBoard), checkpoints to runs/demo/ckpt.
+diagnostics every step; validation on 16 fixed prompts before training and every 5 steps. Metrics go to
+runs/demo/metrics.jsonl (+ TensorBoard), checkpoints to runs/demo/ckpt.
 
     .venv/bin/python experiments/train.py --config=configs/demo.py [--config.train.total_steps=20 ...]
 """
@@ -21,6 +22,7 @@ def get_config():
         "algo.ppo_mini_batch_size": 8,
         "optim.actor_lr": 1e-4,
         "diagnostics.num_samples": 16,
+        "rollout.val_num_groups": 16, "train.test_freq": 5,
         "train.total_steps": 10, "train.sft_steps": 150, "train.sft_lr": 3e-3,
         "checkpoint.dir": "runs/demo/ckpt", "checkpoint.save_freq": 2, "checkpoint.resume": False,
         "logging.dir": "runs/demo", "logging.progress_bar": False,

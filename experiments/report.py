@@ -1,14 +1,17 @@
-"""Plot a run's metrics: task success next to the collapse diagnostics (spec D), one PNG.
+"""Plot a run's metrics, or a sweep's members side by side: task success next to the collapse diagnostics (spec D).
 
     .venv/bin/python experiments/report.py runs/demo/metrics.jsonl [--out runs/demo/report.png]
+    .venv/bin/python experiments/report.py runs/sweep          # a sweep folder (sweep.json): one line per member
 
-Panels: success and episode reward; filter kept ratio; policy entropy; MI estimates of both collapse families
-(reasoning's dependence on the input); conditional entropy H(Z|X) of the first-turn family (within-input
-diversity). Template collapse shows as H(Z|X) staying up while MI falls. Missing keys leave a panel empty.
+Panels: success, validation success and episode reward; filter kept ratio; policy entropy; MI estimates of both
+collapse families (reasoning's dependence on the input); conditional entropy H(Z|X) (within-input diversity);
+retrieval accuracy. Template collapse shows as H(Z|X) staying up while MI falls. Missing keys leave a panel empty.
+For a sweep each panel draws its first key once per member.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import matplotlib
@@ -20,7 +23,7 @@ import numpy as np  # noqa: E402
 from ragen_jax.train.metrics import read_metrics  # noqa: E402
 
 PANELS = (
-    ("task", ("{env}/success", "{env}/episode_reward")),
+    ("task", ("{env}/success", "val-env/{env}/success", "{env}/episode_reward")),
     ("SNR-aware filter", ("rollout/filter_kept_ratio", "rollout/in_group_reward_std")),
     ("policy entropy", ("actor/entropy",)),
     ("MI estimate I(X;Z)", ("collapse_first_turn_sample/mi_estimate", "collapse_trajectory_sample/mi_estimate")),
@@ -32,8 +35,9 @@ PANELS = (
 
 
 def env_name(rows: list[dict]) -> str:
-    """The env prefix of the `<env>/success` key."""
-    return next((k.split("/")[0] for k in rows[0] if k.endswith("/success")), "env")
+    """The env prefix of the training `<env>/success` key."""
+    keys = {k for row in rows for k in row}
+    return next((k.split("/")[0] for k in sorted(keys) if k.endswith("/success") and k.count("/") == 1), "env")
 
 
 def label(key: str) -> str:
@@ -43,33 +47,57 @@ def label(key: str) -> str:
     return key.split("/", 1)[-1]
 
 
+def _series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the rows holding a finite `key` (validation runs on some steps only)."""
+    points = [(r["step"], r[key]) for r in rows if np.isfinite(r.get(key, np.nan))]
+    return np.array([p[0] for p in points]), np.array([p[1] for p in points], float)
+
+
 def plot(rows: list[dict], out: str) -> str:
-    if not rows:
-        raise ValueError("no metrics to plot: the metrics file is empty")
-    env = env_name(rows)
-    steps = np.array([r["step"] for r in rows])
+    """One run's panels."""
+    return plot_members({"": rows}, out)
+
+
+def plot_members(members: dict[str, list[dict]], out: str) -> str:
+    """Panels with one line per (member, key): all keys of a panel for one run, the first key per sweep member."""
+    if not members or not all(members.values()):
+        raise ValueError("no metrics to plot: a metrics file is empty")
+    env = env_name(next(iter(members.values())))
     fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
     for ax, (title, keys) in zip(axes.ravel(), PANELS):
-        for key in keys:
-            key = key.format(env=env)
-            values = np.array([r.get(key, np.nan) for r in rows], float)
-            if np.isfinite(values).any():
-                ax.plot(steps, values, marker="o", ms=3, label=label(key))
+        for name, rows in members.items():
+            for key in keys[:1] if len(members) > 1 else keys:
+                key = key.format(env=env)
+                steps, values = _series(rows, key)
+                if len(values):
+                    ax.plot(steps, values, marker="o", ms=3, label=name or label(key))
         ax.set_title(title)
         ax.set_xlabel("step")
         if ax.lines:
             ax.legend(fontsize=7)
-    fig.suptitle(f"{env}: {len(rows)} steps")
+    steps = max(len(rows) for rows in members.values())
+    fig.suptitle(f"{env}: {steps} rows" + (f", {len(members)} sweep members" if len(members) > 1 else ""))
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
 
 
+def read_sweep(folder: str) -> dict[str, list[dict]]:
+    """{member name: metrics rows} of a sweep folder written by `ragen_jax.train.sweep`."""
+    with open(os.path.join(folder, "sweep.json"), encoding="utf-8") as f:
+        names = json.load(f)["names"]
+    return {name: read_metrics(os.path.join(folder, name)) for name in names}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("metrics", help="a metrics.jsonl written by the training loop")
-    parser.add_argument("--out", default=None, help="PNG path (default: report.png beside the metrics)")
+    parser.add_argument("metrics", help="a metrics.jsonl written by the training loop, or a sweep folder")
+    parser.add_argument("--out", default=None, help="PNG path (default: report.png in the run or sweep folder)")
     args = parser.parse_args()
+    if os.path.isdir(args.metrics) and os.path.exists(os.path.join(args.metrics, "sweep.json")):
+        out = args.out or os.path.join(args.metrics, "report.png")
+        print(f"wrote {plot_members(read_sweep(args.metrics), out)}")
+        return
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.metrics)), "report.png")
     print(f"wrote {plot(read_metrics(args.metrics), out)}")
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from configs import base
+from experiments import report
 from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 from ragen_jax.train import sweep as sweep_lib
@@ -63,6 +64,9 @@ def test_members_match_the_plain_step(tmp_path):
     with open(os.path.join(str(tmp_path), "sweep.json"), encoding="utf-8") as f:
         assert json.load(f)["names"] == ["filter.value=1.0,train.seed=0",
                                          "filter.value=0.5,rollout.temperature=0.7,env.success_rate=0.5,train.seed=1"]
+    members = report.read_sweep(str(tmp_path))
+    assert list(members) == sweep.names and report.env_name(members[sweep.names[0]]) == "frozen_lake"
+    assert os.path.getsize(report.plot_members(members, str(tmp_path / "report.png"))) > 10_000
 
 
 def test_grid_and_refusals():
