@@ -16,3 +16,17 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# One compilation cache per test run: the loop and sweep tests build identical programs in separate `train()`
+# calls (a resumed run recompiles what the uninterrupted one compiled); with the cache they compile once.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+import jax  # noqa: E402
+
+_CACHE_DIR = tempfile.mkdtemp(prefix="ragen-jax-test-xla-cache-")
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
