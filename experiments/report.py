@@ -6,7 +6,7 @@
 Panels: success, validation success and episode reward; filter kept ratio; policy entropy; MI estimates of both
 collapse families (reasoning's dependence on the input); conditional entropy H(Z|X) (within-input diversity);
 retrieval accuracy. Template collapse shows as H(Z|X) staying up while MI falls. Missing keys leave a panel empty.
-For a sweep each panel draws its first key once per member.
+For a sweep each panel draws, once per member, its first key that has values (validation success when validated).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from ragen_jax.train.metrics import read_metrics  # noqa: E402
 
 PANELS = (
-    ("task", ("{env}/success", "val-env/{env}/success", "{env}/episode_reward")),
+    ("task", ("val-env/{env}/success", "{env}/success", "{env}/episode_reward")),
     ("SNR-aware filter", ("rollout/filter_kept_ratio", "rollout/in_group_reward_std")),
     ("policy entropy", ("actor/entropy",)),
     ("MI estimate I(X;Z)", ("collapse_first_turn_sample/mi_estimate", "collapse_trajectory_sample/mi_estimate")),
@@ -66,11 +66,10 @@ def plot_members(members: dict[str, list[dict]], out: str) -> str:
     fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
     for ax, (title, keys) in zip(axes.ravel(), PANELS):
         for name, rows in members.items():
-            for key in keys[:1] if len(members) > 1 else keys:
-                key = key.format(env=env)
-                steps, values = _series(rows, key)
-                if len(values):
-                    ax.plot(steps, values, marker="o", ms=3, label=name or label(key))
+            series = [(key, *_series(rows, key.format(env=env))) for key in keys]
+            series = [s for s in series if len(s[2])]
+            for key, steps, values in series[:1] if len(members) > 1 else series:
+                ax.plot(steps, values, marker="o", ms=3, label=name or label(key.format(env=env)))
         ax.set_title(title)
         ax.set_xlabel("step")
         if ax.lines:
