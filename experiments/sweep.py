@@ -5,7 +5,7 @@
 
 Each `--sweep=KEY=V1,V2,...` adds a grid axis (values parsed as Python literals); the members are the cartesian
 product. Metrics land in `<logging.dir>/<member>/metrics.jsonl`, one folder per member, which
-`experiments/report.py` plots like any run.
+`experiments/report.py` plots like any run. `--distributed`: multi-host, as in experiments/train.py.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import ast
 import sys
 
 from ragen_jax import config as config_lib
+from ragen_jax import distributed
 from ragen_jax.train.sweep import Sweep, grid
 
 FLAG = "--sweep="
@@ -37,6 +38,7 @@ def main(argv: list[str]) -> None:
     axes = dict(parse_axis(a[len(FLAG):]) for a in argv[1:] if a.startswith(FLAG))
     if not axes:
         raise SystemExit(f"give at least one {FLAG}KEY=V1,V2,... axis")
+    argv = distributed.from_command_line(argv)
     config = config_lib.load([a for a in argv if not a.startswith(FLAG)])
     Sweep(config, grid(axes)).run()
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("sweep", "data", "fsdp")
 BATCH_AXES = ("data", "fsdp")
+SWEEP_AXIS = "sweep"  # also the vmap axis name of a vectorised sweep (`ragen_jax.train.sweep`)
 
 
 def mesh_shape(config, num_devices: int) -> tuple[int, int, int]:
@@ -67,6 +69,26 @@ def shard_batch(tree: Any, axis: int = 0) -> Any:
         return jax.lax.with_sharding_constraint(x, PartitionSpec(*([None] * axis), BATCH_AXES))
 
     return jax.tree.map(constrain, tree)
+
+
+def sweep_max(x: jax.Array) -> jax.Array:
+    """`x`'s maximum over the members of a vectorised sweep; `x` itself outside one.
+
+    Under `jax.vmap(..., axis_name="sweep")` a branch index or loop condition that differs per member turns
+    `lax.switch` / `lax.cond` into computing every branch and `lax.while_loop` into selecting the whole carry each
+    iteration. Taking the maximum over members makes it one value (vmap keeps real branches and loops); callers
+    must make the wider choice correct for every member (e.g. a wider padding tier, extra no-op loop iterations,
+    or a per-member select inside the branch).
+    """
+    try:
+        return jax.lax.pmax(x, SWEEP_AXIS)
+    except NameError:  # not inside a sweep's vmap
+        return x
+
+
+def sweep_any(pred: jax.Array) -> jax.Array:
+    """bool: `pred` holds for some member of a vectorised sweep (`pred` itself outside one); see `sweep_max`."""
+    return sweep_max(jnp.asarray(pred).astype(jnp.int32)) > 0
 
 
 def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:

@@ -23,7 +23,7 @@ import jax
 
 from configs import demo
 from ragen_jax.algos import presets
-from ragen_jax.train.sweep import Sweep, stack
+from ragen_jax.train.sweep import Sweep
 
 VALUES = (1.0, 0.9, 0.5, 0.25, 0.75, 0.6, 0.4, 0.1)
 
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
     single = jax.jit(sweep.train_step)
     step_fn = sweep.step_fn(jax.eval_shape(sweep.stack_states, states))
     step_keys = jax.numpy.stack([k[2] for k in sweep.keys])
-    hyper = stack(sweep.hypers)
+    hyper = sweep.hyper()[0]
 
     def sequential(_):
         return [single(s, k[2], h) for s, k, h in zip(states, sweep.keys, sweep.hypers)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ragen_jax import sharding
 from ragen_jax.algos import losses
 from ragen_jax.models import kv_cache as kv
 from ragen_jax.models import transformer
@@ -55,7 +56,7 @@ def _sorted_chunks(lengths: jax.Array, chunk: int) -> jax.Array:
 
 def _tiered(lengths: jax.Array, tiers: tuple[int, ...], fn, operand):
     """`fn(operand, w)` at the smallest static width w in `tiers` holding max(lengths) (one branch per tier)."""
-    tier = jnp.searchsorted(jnp.asarray(tiers), jnp.max(lengths))
+    tier = sharding.sweep_max(jnp.searchsorted(jnp.asarray(tiers), jnp.max(lengths)))  # one branch in a sweep too
     return jax.lax.switch(tier, [lambda x, w=w: fn(x, w) for w in tiers], operand)
 
 
@@ -104,7 +105,12 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
                 return _reduce(jnp.concatenate([first[:, None], rest], axis=1), row_len)
 
             empty = lambda j: (jnp.zeros((rc,), jnp.float32),) * 2  # noqa: E731
-            return jax.lax.map(lambda j: jax.lax.cond(lengths[j] > 0, score, empty, j), jnp.arange(cc))
+
+            def score_if_nonempty(j):  # in a sweep, members with an empty column take `empty` by a select
+                return jax.tree.map(lambda a, b: jnp.where(lengths[j] > 0, a, b), score(j), empty(j))
+
+            return jax.lax.map(lambda j: jax.lax.cond(sharding.sweep_any(lengths[j] > 0), score_if_nonempty, empty,
+                                                      j), jnp.arange(cc))
 
         return jax.lax.map(lambda ids: _tiered(reasoning_len[ids], width_tiers(max_reason, num_tiers), score_rows,
                                                ids), row_chunks)

@@ -32,6 +32,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from ragen_jax import sharding
 from ragen_jax.algos import losses
 from ragen_jax.config import BUCKET_MODES
 
@@ -186,7 +187,8 @@ def _bucket_gradients(logits_fn, params, batch: GradBatch, outputs, rows, hyper:
         return jax.tree.map(jnp.add, acc, grads)
 
     zeros = [jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params) for _ in range(3)]
-    grads = jax.lax.fori_loop(0, (count + chunk_rows - 1) // chunk_rows, add_chunk, zeros)
+    # in a sweep every member runs the most chunks any member needs (chunks past `count` weigh 0)
+    grads = jax.lax.fori_loop(0, sharding.sweep_max((count + chunk_rows - 1) // chunk_rows), add_chunk, zeros)
     return terms, grads, jnp.sum(mask)
 
 

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax import sharding
 from ragen_jax.models import kv_cache as kv
 from ragen_jax.models import transformer as tfm
 from ragen_jax.models.config import ModelConfig
@@ -92,7 +93,9 @@ def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
     if top_k and top_k < logits.shape[-1]:
         kth = jax.lax.top_k(scaled, top_k)[0][:, -1:]
         scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
-    scaled = jax.lax.cond(top_p < 1.0, _top_p_mask, lambda x, _: x, scaled, jnp.asarray(top_p, jnp.float32))
+    top_p = jnp.asarray(top_p, jnp.float32)
+    masked = lambda x, p: jnp.where(p < 1.0, _top_p_mask(x, p), x)  # noqa: E731 (per member in a sweep)
+    scaled = jax.lax.cond(sharding.sweep_any(top_p < 1.0), masked, lambda x, _: x, scaled, top_p)
     logp = jax.nn.log_softmax(scaled, axis=-1)
     sampled = jax.random.categorical(key, logp, axis=-1)
     tokens = jnp.where(greedy[:, 0], jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
@@ -144,8 +147,8 @@ def generate(config: ModelConfig, params: tfm.Params, cache: kv.KVCache, prompt:
         done=~active | (cache.lengths >= cache.max_len), stopped=jnp.zeros((B,), bool),
         window=jnp.full((B, stop_sequences.shape[1]), -1, jnp.int32))
 
-    def cond(s: _LoopState):
-        return (s.step < max_new_tokens) & ~jnp.all(s.done)
+    def cond(s: _LoopState):  # in a sweep: until every member is done (extra iterations are no-ops for done rows)
+        return (s.step < max_new_tokens) & sharding.sweep_any(~jnp.all(s.done))
 
     def body(s: _LoopState):
         logits = s.logits

@@ -12,7 +12,8 @@ in), so a resumed run repeats an uninterrupted one exactly.
 
 The step runs on the mesh of `config.mesh` (`ragen_jax.sharding`): the batch split over data x fsdp, parameters
 and optimizer states split over fsdp; with one device that is the plain single-device step. Vectorised sweeps
-(`mesh.sweep` > 1) run through `ragen_jax.train.sweep`.
+(`mesh.sweep` > 1) run through `ragen_jax.train.sweep`. Multi-host: `ragen_jax.distributed.initialize()` first,
+then the same call on every process; only process 0 logs and writes metrics.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import tqdm
 
 from ragen_jax import config as config_lib
-from ragen_jax import sharding
+from ragen_jax import distributed, sharding
 from ragen_jax.train import sft, validation
 from ragen_jax.train.build import build
 from ragen_jax.train.checkpoint import Checkpointer
@@ -70,6 +71,8 @@ def make_validator(config, parts):
 def train(config, log: Callable[[str], None] | None = print) -> tuple[object, list[dict]]:
     """Runs `config.train.total_steps` steps (fewer on an early stop). Returns (final TrainState, metrics per step)."""
     config_lib.validate(config)
+    main = distributed.is_main_process()
+    log = log if main else None
     if config.mesh.sweep != 1:
         raise config_lib.ConfigError("mesh.sweep", config.mesh.sweep,
                                      "a single run uses sweep = 1; vectorised sweeps run through ragen_jax.train.sweep")
@@ -79,7 +82,7 @@ def train(config, log: Callable[[str], None] | None = print) -> tuple[object, li
     init_key, sft_key, step_key = run_keys(config.train.seed)
     c, lg, total = config.checkpoint, config.logging, config.train.total_steps
     checkpointer = Checkpointer(c.dir, max_to_keep=c.max_to_keep, save_every=c.save_freq) if c.dir else None
-    writer = MetricsWriter(lg.dir or None, tensorboard=lg.tensorboard, every=lg.every)
+    writer = MetricsWriter((lg.dir or None) if main else None, tensorboard=lg.tensorboard, every=lg.every)
     evaluate, success_keys = make_validator(config, parts)
     stops = EarlyStops(config.filter, len(success_keys))
     _log(log, f"mesh {dict(mesh.shape)} over {mesh.devices.size} of {jax.device_count()} devices")
@@ -102,7 +105,8 @@ def train(config, log: Callable[[str], None] | None = print) -> tuple[object, li
                           out_shardings=(state_sharding, replicated), donate_argnums=0)
         keys = summary_keys(config)
         history = []
-        bar = tqdm.tqdm(total=total, initial=int(state.step), desc="train", unit="step", disable=not lg.progress_bar)
+        bar = tqdm.tqdm(total=total, initial=int(state.step), desc="train", unit="step",
+                        disable=not (lg.progress_bar and main))
         reason = None
         if int(state.step) == 0 and evaluate is not None:
             val = to_floats(evaluate(state.actor))

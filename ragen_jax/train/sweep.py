@@ -14,7 +14,7 @@ Differences from S separate runs, by construction of vmap: the step counter is s
 `train.total_steps`); conditions that depend on a member's data (skipping the minibatches of dropped groups) become
 selects, so a sweep does not save that compute. Early stops are evaluated per member and reported (the step each
 rule fired, in `<logging.dir>/sweep.json`) but not applied. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`;
-checkpoints (`checkpoint.dir`) hold the stacked state.
+checkpoints (`checkpoint.dir`) hold the stacked state. Multi-host works as for `train.loop.train`.
 """
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import tqdm
 
 from ragen_jax import config as config_lib
-from ragen_jax import sharding
+from ragen_jax import distributed, sharding
 from ragen_jax.algos.presets import apply_overrides
 from ragen_jax.train import validation
 from ragen_jax.train.build import build, build_env
@@ -83,7 +84,8 @@ class Sweep:
                 if key not in SWEEPABLE:
                     raise config_lib.ConfigError(key, point[key], f"not sweepable in one compiled step "
                                                  f"(structural); sweepable keys: {', '.join(SWEEPABLE)}")
-        self.config, self.points, self.log = config, [dict(p) for p in points], log
+        self.config, self.points = config, [dict(p) for p in points]
+        self.log = log if distributed.is_main_process() else None
         self.configs = [config_lib.validate(apply_overrides(config, p)) for p in self.points]
         self.names = [member_name(p) for p in self.points]
         if len(self.points) % config.mesh.sweep:
@@ -113,21 +115,40 @@ class Sweep:
 
     @staticmethod
     def stack_states(states: Sequence[TrainState]) -> TrainState:
-        """Member states stacked along a leading axis, the shared step counter kept a scalar."""
-        return stack(states).replace(step=states[0].step)
+        """Member states stacked along a leading axis, the shared step counter kept a scalar. Every leaf is a new
+        buffer (the step donates the stacked state; the members' states stay usable)."""
+        return stack(states).replace(step=jnp.array(states[0].step))
 
     def _state_axes(self, state: TrainState) -> TrainState:
         """vmap axes of a stacked state: the step counter is shared, everything else has the member axis."""
         return jax.tree.map(lambda _: 0, state).replace(step=None)
 
+    def hyper(self) -> tuple[Hyper, Hyper, Hyper]:
+        """(hyper, vmap axes, shardings): leaves that differ between members stacked (axis 0, split over the mesh's
+        sweep axis), shared ones kept as they are (axis None, replicated), so what is not swept stays unbatched and
+        its branches stay real branches under vmap."""
+        leaves = [jax.tree.leaves(h) for h in self.hypers]
+        treedef = jax.tree.structure(self.hypers[0])
+        shared = [all(np.array_equal(np.asarray(ls[i]), np.asarray(leaves[0][i])) for ls in leaves)
+                  for i in range(len(leaves[0]))]
+        values = [leaves[0][i] if same else jnp.stack([ls[i] for ls in leaves]) for i, same in enumerate(shared)]
+        members, replicated = self._members_sharding(), sharding.replicated(self.mesh)
+        return (treedef.unflatten(values), treedef.unflatten([None if same else 0 for same in shared]),
+                treedef.unflatten([replicated if same else members for same in shared]))
+
     def step_fn(self, abstract_state: TrainState):
-        """The jitted, vmapped step over stacked (state, step key, hyper), sharded on the mesh."""
+        """The jitted, vmapped step over (stacked state, stacked step keys, `hyper()[0]`), sharded on the mesh."""
         axes = self._state_axes(abstract_state)
-        vmapped = jax.vmap(self.train_step, in_axes=(axes, 0, 0), out_axes=(axes, 0), spmd_axis_name="sweep")
+        _, hyper_axes, hyper_sharding = self.hyper()
+        vmapped = jax.vmap(self.train_step, in_axes=(axes, 0, hyper_axes), out_axes=(axes, 0),
+                           axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS)
         state_sharding = self.state_sharding(abstract_state)
-        members = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("sweep"))
-        return jax.jit(vmapped, in_shardings=(state_sharding, members, members),
+        members = self._members_sharding()
+        return jax.jit(vmapped, in_shardings=(state_sharding, members, hyper_sharding),
                        out_shardings=(state_sharding, members), donate_argnums=0)
+
+    def _members_sharding(self):
+        return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(sharding.SWEEP_AXIS))
 
     def state_sharding(self, abstract_state: TrainState) -> TrainState:
         shardings = sharding.state_shardings(abstract_state, self.mesh, stacked=True)
@@ -136,8 +157,9 @@ class Sweep:
     def run(self) -> tuple[TrainState, list[list[dict]]]:
         """Trains every member for `train.total_steps` steps. Returns (stacked final state, metrics rows per member)."""
         c, lg, total = self.config.checkpoint, self.config.logging, self.config.train.total_steps
-        writers = [MetricsWriter(os.path.join(lg.dir, name) if lg.dir else None, tensorboard=lg.tensorboard,
-                                 every=lg.every) for name in self.names]
+        main = distributed.is_main_process()
+        writers = [MetricsWriter(os.path.join(lg.dir, name) if lg.dir and main else None,
+                                 tensorboard=lg.tensorboard, every=lg.every) for name in self.names]
         checkpointer = Checkpointer(c.dir, max_to_keep=c.max_to_keep, save_every=c.save_freq) if c.dir else None
         evaluate, success_keys = make_validator(self.config, self.parts)
         stops = [EarlyStops(cfg.filter, len(success_keys)) for cfg in self.configs]
@@ -160,14 +182,18 @@ class Sweep:
             else:
                 state = jax.device_put(self.stack_states(states), state_sharding)
             step_fn = self.step_fn(abstract)
-            members = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("sweep"))
-            step_keys, hyper = jax.device_put((jnp.stack([k[2] for k in self.keys]), stack(self.hypers)), members)
-            vmapped_eval = jax.jit(jax.vmap(evaluate)) if evaluate is not None else None
+            step_keys = jax.device_put(jnp.stack([k[2] for k in self.keys]), self._members_sharding())
+            hyper, _, hyper_sharding = self.hyper()
+            hyper = jax.device_put(hyper, hyper_sharding)
+            vmapped_eval = None
+            if evaluate is not None:
+                vmapped_eval = jax.jit(jax.vmap(evaluate, axis_name=sharding.SWEEP_AXIS,
+                                                spmd_axis_name=sharding.SWEEP_AXIS))
             histories: list[list[dict]] = [[] for _ in self.names]
             if int(state.step) == 0 and vmapped_eval is not None:
                 self._validate(vmapped_eval, state, 0, None, writers, stops, fired, success_keys)
             bar = tqdm.tqdm(total=total, initial=int(state.step), desc="sweep", unit="step",
-                            disable=not lg.progress_bar)
+                            disable=not (lg.progress_bar and main))
             while int(state.step) < total:
                 start = time.perf_counter()
                 state, metrics = step_fn(state, step_keys, hyper)
@@ -193,7 +219,7 @@ class Sweep:
             if fired[i]:
                 self._log(f"[{name}] early-stop rule fired at step {fired[i]['first_stop']}: {fired[i]['reason']} "
                           "(reported, not applied in a sweep)")
-        if lg.dir:
+        if lg.dir and main:
             with open(os.path.join(lg.dir, "sweep.json"), "w", encoding="utf-8") as f:
                 json.dump({"members": self.points, "names": self.names, "early_stop": fired}, f, indent=1)
         for writer in writers:
