@@ -2,14 +2,20 @@
 exactly (DESIGN rule 10); the demo config and the report script work."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
+import pytest
 
 from configs import base
 from experiments import report
+from ragen_jax import distributed
 from ragen_jax.algos import presets
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import train
@@ -59,22 +65,64 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     assert os.path.getsize(png) > 10_000
 
 
-def test_empty_filter_stops_early(tmp_path):
+EMPTY_FILTER = {"rollout.temperature": 0.0, "filter.include_zero": False, "filter.empty_stop_steps": 1,
+                "train.total_steps": 3, "train.sft_steps": 0, "train.test_freq": 0, "mesh.data": 1, "mesh.fsdp": 2}
+
+
+@pytest.fixture(scope="module")
+def empty_filter_run(tmp_path_factory):
     """Greedy rollouts give every member of a group the same trajectory (zero reward variance); with zero-variance
-    groups excluded the filter keeps nothing, and one such step is enough to stop (spec C.6)."""
-    lines = []
-    config = config_for(str(tmp_path), **{"rollout.temperature": 0.0, "filter.include_zero": False,
-                                          "filter.empty_stop_steps": 1, "train.total_steps": 3, "train.sft_steps": 0,
-                                          "train.test_freq": 0, "mesh.data": 1, "mesh.fsdp": 2})
-    state, history = train(config, log=lines.append)
+    groups excluded the filter keeps nothing, and one such step is enough to stop (spec C.6). fsdp = 2 over 2
+    devices: parameters split, the batch split over both."""
+    run_dir, lines = str(tmp_path_factory.mktemp("empty_filter")), []
+    state, history = train(config_for(run_dir, **EMPTY_FILTER), log=lines.append)
+    return run_dir, state, history, lines
+
+
+def test_empty_filter_stops_early(empty_filter_run):
+    run_dir, state, history, lines = empty_filter_run
     assert len(history) == 1 and int(state.step) == 1 and history[0]["rollout/filter_kept_count"] == 0
-    # fsdp = 2: every parameter with an even dimension is split over the fsdp axis, the rest replicated
+    assert any(line.startswith("early stop at step 1: the filter kept no group") for line in lines)
+    assert Checkpointer(os.path.join(run_dir, "ckpt")).all_steps() == [1]
+    # every parameter with an even dimension is split over the fsdp axis, the rest replicated
     specs = [leaf.sharding.spec for leaf in jax.tree.leaves(state.actor)]
     assert any("fsdp" in spec for spec in specs) and all(leaf.sharding.mesh.shape["fsdp"] == 2
                                                          for leaf in jax.tree.leaves(state.actor))
-    assert any(line.startswith("early stop at step 1: the filter kept no group") for line in lines)
-    assert Checkpointer(os.path.join(str(tmp_path), "ckpt")).all_steps() == [1]
 
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_repeat_the_one_process_run(empty_filter_run, tmp_path):
+    """The same run as two processes of one CPU device each (jax.distributed over gloo, DESIGN rule 4): fsdp now
+    splits the parameters across processes. Both processes see the one-process run's metrics; only process 0
+    writes metrics and prints; the checkpoint is written by both together."""
+    _, _, expected, _ = empty_filter_run
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_worker.py")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update({distributed.COORDINATOR: f"127.0.0.1:{_free_port()}", distributed.NUM_PROCESSES: "2"})
+    procs = [subprocess.Popen([sys.executable, worker, str(tmp_path), json.dumps(EMPTY_FILTER)],
+                              env={**env, distributed.PROCESS_ID: str(i)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        outputs = [p.communicate(timeout=400)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()  # a process whose peer died would wait for it
+    assert all(p.returncode == 0 for p in procs), outputs
+    histories = [json.loads(line[len("HISTORY "):]) for out in outputs for line in out.splitlines()
+                 if line.startswith("HISTORY ")]
+    assert len(histories) == 2 and len(histories[0]) == len(expected) == 1
+    drop_time = lambda m: {k: v for k, v in m.items() if k != "time/step_s"}  # noqa: E731
+    assert drop_time(histories[0][0]) == drop_time(histories[1][0])  # one global program: identical values
+    for key, value in drop_time(expected[0]).items():
+        np.testing.assert_allclose(histories[0][0][key], value, rtol=1e-4, atol=1e-5, err_msg=key)
+    assert "early stop at step 1" in outputs[0] and "early stop at step 1" not in outputs[1]
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [1]
+    assert Checkpointer(os.path.join(str(tmp_path), "ckpt")).all_steps() == [1]
 
 
 def test_low_validation_success_stops_before_training(tmp_path):
