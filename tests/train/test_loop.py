@@ -66,7 +66,8 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
 
 
 EMPTY_FILTER = {"rollout.temperature": 0.0, "filter.include_zero": False, "filter.empty_stop_steps": 1,
-                "train.total_steps": 3, "train.sft_steps": 0, "train.test_freq": 0, "mesh.data": 1, "mesh.fsdp": 2}
+                "train.total_steps": 3, "train.sft_steps": 0, "train.test_freq": 0, "mesh.data": 1, "mesh.fsdp": 2,
+                "diagnostics.collapse_every": 0}  # a smaller program: compiled three times (once per process)
 
 
 @pytest.fixture(scope="module")

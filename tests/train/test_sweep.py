@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -23,17 +24,21 @@ TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size"
         "model.num_kv_heads": 1, "model.mlp_dim": 64, "model.max_seq_len": 1040, "train.sft_steps": 0,
         "train.total_steps": 2, "logging.tensorboard": False, "rollout.val_num_groups": 2, "train.test_freq": 2,
         "mesh.sweep": 2, "mesh.data": 2, "mesh.fsdp": 2}
+CHECKPOINTS = {"checkpoint.save_freq": 1, "checkpoint.resume": False}
 POINTS = [{"filter.value": 1.0, "train.seed": 0},
           {"filter.value": 0.5, "rollout.temperature": 0.7, "env.success_rate": 0.5, "train.seed": 1}]
 
 
 def config_for(run_dir: str, **overrides):
     config = presets.preset_config(base.get_config(), "grpo", filter="paper")
-    return presets.apply_overrides(config, {**TINY, "logging.dir": run_dir, **overrides})
+    return presets.apply_overrides(config, {**TINY, "logging.dir": run_dir,
+                                            "checkpoint.dir": os.path.join(run_dir, "ckpt") if run_dir else "",
+                                            **overrides})
 
 
 def test_members_match_the_plain_step(tmp_path):
-    sweep = sweep_lib.Sweep(config_for(str(tmp_path)), POINTS, log=None)
+    run_dir = str(tmp_path / "run")
+    sweep = sweep_lib.Sweep(config_for(run_dir, **CHECKPOINTS), POINTS, log=None)
     # the reference: the plain single-device step, run per member with that member's state, key and hyper
     plain = jax.jit(sweep.train_step)
     expected = []
@@ -58,15 +63,27 @@ def test_members_match_the_plain_step(tmp_path):
         assert "val-env/frozen_lake/success" in got_rows[1]  # validated at the last step (test_freq 2)
 
     for name, history in zip(sweep.names, histories):
-        rows = read_metrics(os.path.join(str(tmp_path), name))
+        rows = read_metrics(os.path.join(run_dir, name))
         assert [r["step"] for r in rows] == [0, 1, 2]
         assert rows[1]["actor/pg_loss"] == pytest.approx(history[0]["actor/pg_loss"])
-    with open(os.path.join(str(tmp_path), "sweep.json"), encoding="utf-8") as f:
+    with open(os.path.join(run_dir, "sweep.json"), encoding="utf-8") as f:
         assert json.load(f)["names"] == ["filter.value=1.0,train.seed=0",
                                          "filter.value=0.5,rollout.temperature=0.7,env.success_rate=0.5,train.seed=1"]
-    members = report.read_sweep(str(tmp_path))
+    members = report.read_sweep(run_dir)
     assert list(members) == sweep.names and report.env_name(members[sweep.names[0]]) == "frozen_lake"
     assert os.path.getsize(report.plot_members(members, str(tmp_path / "report.png"))) > 10_000
+
+    # interrupted after step 1: the resumed sweep repeats step 2 exactly (same compiled program, restored state)
+    resumed_dir = str(tmp_path / "resumed")
+    shutil.copytree(run_dir, resumed_dir)
+    shutil.rmtree(os.path.join(resumed_dir, "ckpt", "2"))
+    _, resumed = sweep_lib.Sweep(config_for(resumed_dir, **{**CHECKPOINTS, "checkpoint.resume": True}), POINTS,
+                                 log=None).run()
+    drop_time = lambda m: {k: v for k, v in m.items() if k != "time/step_s"}  # noqa: E731
+    for member in range(2):
+        assert len(resumed[member]) == 1
+        np.testing.assert_equal(drop_time(resumed[member][0]), drop_time(histories[member][1]))
+        assert [r["step"] for r in read_metrics(os.path.join(resumed_dir, sweep.names[member]))] == [0, 1, 2]
 
 
 def test_grid_and_refusals():
