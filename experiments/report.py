@@ -72,8 +72,11 @@ def plot_members(members: dict[str, list[dict]], out: str) -> str:
                 ax.plot(steps, values, marker="o", ms=3, label=name or label(key.format(env=env)))
         ax.set_title(title)
         ax.set_xlabel("step")
-        if ax.lines:
+        if ax.lines and len(members) == 1:
             ax.legend(fontsize=7)
+    if len(members) > 1:  # member names are long: one legend under the panels (colours follow member order)
+        handles = [plt.Line2D([], [], color=f"C{i}", marker="o", ms=3) for i in range(len(members))]
+        fig.legend(handles, list(members), loc="outside lower center", fontsize=7, ncols=1)
     steps = max(len(rows) for rows in members.values())
     fig.suptitle(f"{env}: {steps} rows" + (f", {len(members)} sweep members" if len(members) > 1 else ""))
     fig.savefig(out, dpi=110)

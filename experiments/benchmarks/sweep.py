@@ -46,7 +46,7 @@ def main(argv: list[str]) -> None:
         return [single(s, k[2], h) for s, k, h in zip(states, sweep.keys, sweep.hypers)]
 
     def vectorised(fresh):
-        return step_fn(fresh, step_keys, hyper)
+        return step_fn(fresh, step_keys, hyper, jax.numpy.zeros(args.members, bool))
 
     def timed(fn):
         fresh = jax.block_until_ready(sweep.stack_states(states))  # the sweep step donates its state

@@ -4,16 +4,17 @@
     state, histories = Sweep(config, points).run()                              # histories[i]: member i's rows
 
 Each member is `config` with its overrides (keys from `SWEEPABLE`: values that live in the step's `Hyper`, the env's
-params, or the seed). The members' Hypers, step keys and TrainStates are stacked along a leading axis, the step is
-`jax.vmap`-ed over it with `spmd_axis_name="sweep"`, and the mesh's `sweep` axis splits the members over devices
-(`mesh.sweep` must divide S; data x fsdp split each member's batch as in a single run). Member i computes exactly
+params, the seed, or the host-side early-stop rules). The members' Hypers, step keys and TrainStates are stacked
+along a leading axis, the step is `jax.vmap`-ed over it with `spmd_axis_name="sweep"`, and the mesh's `sweep` axis
+splits the members over devices (`mesh.sweep` must divide S; data x fsdp split each member's batch as in a single run). Member i computes exactly
 what `train(member_config)` would (up to float reduction order): same initial parameters (the SFT warm start runs
 once per distinct seed), same keys, so members with equal seeds see common random numbers.
 
 Differences from S separate runs, by construction of vmap: the step counter is shared (all members run
-`train.total_steps`); conditions that depend on a member's data (skipping the minibatches of dropped groups) become
-selects, so a sweep does not save that compute. Early stops are evaluated per member and reported (the step each
-rule fired, in `<logging.dir>/sweep.json`) but not applied. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`;
+`train.total_steps` unless stopped); a branch that some member takes runs for all and is discarded for the others by
+a select (`sharding.sweep_max`). Early stops (spec C.6) apply per member: a stopped member's state is held from then
+on and its rows end (`<logging.dir>/sweep.json` lists each stop); the sweep ends when every member has stopped or at
+`train.total_steps`. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`;
 checkpoints (`checkpoint.dir`) hold the stacked state. Multi-host works as for `train.loop.train`.
 """
 from __future__ import annotations
@@ -43,7 +44,10 @@ from ragen_jax.train.step import Hyper, TrainState, TrainStep
 SWEEPABLE = ("filter.value", "filter.eps", "algo.gamma", "algo.lam", "algo.high_level_gamma", "algo.kl_coef",
              "algo.kl_loss_coef", "algo.entropy_coeff", "algo.clip_ratio_low", "algo.clip_ratio_high",
              "algo.clip_ratio_c", "algo.value_clip", "optim.actor_lr", "optim.critic_lr", "rollout.temperature",
-             "rollout.top_p", "env.success_rate", "train.seed")
+             "rollout.top_p", "env.success_rate", "train.seed",
+             # host-side early-stop rules (spec C.6), applied per member
+             "filter.empty_stop_steps", "filter.rv_collapse_window", "filter.rv_collapse_ratio",
+             "filter.val_success_floor", "filter.val_success_patience")
 
 
 def grid(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -136,15 +140,23 @@ class Sweep:
         return (treedef.unflatten(values), treedef.unflatten([None if same else 0 for same in shared]),
                 treedef.unflatten([replicated if same else members for same in shared]))
 
+    def member_step(self, state: TrainState, key: jax.Array, hyper: Hyper, stopped: jax.Array):
+        """One member's step; a member that has stopped early (bool[] `stopped`) keeps its state (its metrics are
+        computed but not logged), so it ends where a separate run would have ended."""
+        new_state, metrics = self.train_step(state, key, hyper)
+        held = jax.tree.map(lambda old, new: jnp.where(stopped, old, new), state, new_state)
+        return held.replace(step=new_state.step), metrics  # the shared counter moves on
+
     def step_fn(self, abstract_state: TrainState):
-        """The jitted, vmapped step over (stacked state, stacked step keys, `hyper()[0]`), sharded on the mesh."""
+        """The jitted, vmapped `member_step` over (stacked state, stacked step keys, `hyper()[0]`, stopped
+        bool[S]), sharded on the mesh."""
         axes = self._state_axes(abstract_state)
         _, hyper_axes, hyper_sharding = self.hyper()
-        vmapped = jax.vmap(self.train_step, in_axes=(axes, 0, hyper_axes), out_axes=(axes, 0),
+        vmapped = jax.vmap(self.member_step, in_axes=(axes, 0, hyper_axes, 0), out_axes=(axes, 0),
                            axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS)
         state_sharding = self.state_sharding(abstract_state)
         members = self._members_sharding()
-        return jax.jit(vmapped, in_shardings=(state_sharding, members, hyper_sharding),
+        return jax.jit(vmapped, in_shardings=(state_sharding, members, hyper_sharding, members),
                        out_shardings=(state_sharding, members), donate_argnums=0)
 
     def _members_sharding(self):
@@ -194,31 +206,27 @@ class Sweep:
                 self._validate(vmapped_eval, state, 0, None, writers, stops, fired, success_keys)
             bar = tqdm.tqdm(total=total, initial=int(state.step), desc="sweep", unit="step",
                             disable=not (lg.progress_bar and main))
-            while int(state.step) < total:
+            while int(state.step) < total and not all(fired):
                 start = time.perf_counter()
-                state, metrics = step_fn(state, step_keys, hyper)
+                stopped = [bool(f) for f in fired]
+                state, metrics = step_fn(state, step_keys, hyper,
+                                         jax.device_put(np.array(stopped), self._members_sharding()))
                 step = int(state.step)
-                rows = [to_floats(unstack(metrics, i)) for i in range(self.size)]
-                for i, row in enumerate(rows):
+                rows = {i: to_floats(unstack(metrics, i)) for i in range(self.size) if not stopped[i]}
+                for i, row in rows.items():
                     row["time/step_s"] = time.perf_counter() - start
-                    reason = stops[i].after_step(row)
-                    if reason is not None and "first_stop" not in fired[i]:
-                        fired[i].update(first_stop=step, reason=reason)
+                    self._stop(fired, i, step, stops[i].after_step(row))
                 if vmapped_eval is not None and validation.should_validate(step, self.config.train.test_freq, total):
                     self._validate(vmapped_eval, state, step, rows, writers, stops, fired, success_keys)
-                for i, row in enumerate(rows):
+                for i, row in rows.items():
                     histories[i].append(row)
                     writers[i].write(step, row, force=any(k.startswith(validation.PREFIX) for k in row))
                     self._log(f"[{self.names[i]}] " + summary_line(step, row, summary_keys(self.config)))
                 bar.update(1)
                 if checkpointer is not None:
                     extra = {"early_stop": [s.to_json() for s in stops], "fired": fired, "members": self.names}
-                    checkpointer.save(step, state, extra, force=step == total)
+                    checkpointer.save(step, state, extra, force=step == total or all(fired))
             bar.close()
-        for i, name in enumerate(self.names):
-            if fired[i]:
-                self._log(f"[{name}] early-stop rule fired at step {fired[i]['first_stop']}: {fired[i]['reason']} "
-                          "(reported, not applied in a sweep)")
         if lg.dir and main:
             with open(os.path.join(lg.dir, "sweep.json"), "w", encoding="utf-8") as f:
                 json.dump({"members": self.points, "names": self.names, "early_stop": fired}, f, indent=1)
@@ -229,18 +237,23 @@ class Sweep:
         return state, histories
 
     def _validate(self, vmapped_eval, state, step, rows, writers, stops, fired, success_keys) -> None:
-        """Validates every member; merges the metrics into `rows` (or writes a step-0 row when rows is None)."""
+        """Validates the members still running; merges the metrics into `rows` ({member: row}), or writes step-0
+        rows when `rows` is None."""
         val = vmapped_eval(state.actor)
-        for i in range(self.size):
+        for i in range(self.size) if rows is None else list(rows):
             member = to_floats(unstack(val, i))
-            reason = stops[i].after_validation([member[k] for k in success_keys])
-            if reason is not None and "first_stop" not in fired[i]:
-                fired[i].update(first_stop=step, reason=reason)
+            self._stop(fired, i, step, stops[i].after_validation([member[k] for k in success_keys]))
             if rows is None:
                 writers[i].write(step, member, force=True)
                 self._log(f"[{self.names[i]}] " + summary_line(step, member, success_keys))
             else:
                 rows[i].update(member)
+
+    def _stop(self, fired: list[dict], member: int, step: int, reason: str | None) -> None:
+        """Records a member's first early stop (spec C.6): from the next step on its state is held."""
+        if reason is not None and not fired[member]:
+            fired[member].update(step=step, reason=reason)
+            self._log(f"[{self.names[member]}] early stop at step {step}: {reason} (spec C.6)")
 
     def _log(self, text: str) -> None:
         if self.log is not None:

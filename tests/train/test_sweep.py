@@ -22,11 +22,16 @@ TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size"
         "rollout.response_length": 16, "rollout.max_model_len": 1024, "algo.ppo_mini_batch_size": 2,
         "diagnostics.num_samples": 4, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
         "model.num_kv_heads": 1, "model.mlp_dim": 64, "model.max_seq_len": 1040, "train.sft_steps": 0,
-        "train.total_steps": 2, "logging.tensorboard": False, "rollout.val_num_groups": 2, "train.test_freq": 2,
+        "train.total_steps": 2, "logging.tensorboard": False, "rollout.val_num_groups": 2, "train.test_freq": 1,
         "mesh.sweep": 2, "mesh.data": 2, "mesh.fsdp": 2}
 CHECKPOINTS = {"checkpoint.save_freq": 1, "checkpoint.resume": False}
+# member 1's success is below a floor of 1.1 at the validations of steps 0 and 1: with patience 2 it stops at step 1
 POINTS = [{"filter.value": 1.0, "train.seed": 0},
-          {"filter.value": 0.5, "rollout.temperature": 0.7, "env.success_rate": 0.5, "train.seed": 1}]
+          {"filter.value": 0.5, "rollout.temperature": 0.7, "env.success_rate": 0.5, "train.seed": 1,
+           "filter.val_success_floor": 1.1, "filter.val_success_patience": 2}]
+NAMES = ["filter.value=1.0,train.seed=0",
+         "filter.value=0.5,rollout.temperature=0.7,env.success_rate=0.5,train.seed=1,filter.val_success_floor=1.1,"
+         "filter.val_success_patience=2"]
 
 
 def config_for(run_dir: str, **overrides):
@@ -41,12 +46,13 @@ def test_members_match_the_plain_step(tmp_path):
     sweep = sweep_lib.Sweep(config_for(run_dir, **CHECKPOINTS), POINTS, log=None)
     # the reference: the plain single-device step, run per member with that member's state, key and hyper
     plain = jax.jit(sweep.train_step)
-    expected = []
+    expected, states_after_1 = [], []
     for state, keys, hyper in zip(sweep.initial_states(), sweep.keys, sweep.hypers):
         rows = []
         for _ in range(2):
             state, metrics = plain(state, keys[2], hyper)
             rows.append({k: float(v) for k, v in metrics.items()})
+            states_after_1.append(state) if len(rows) == 1 else None
         expected.append(rows)
     assert expected[0][0]["actor/entropy"] != expected[1][0]["actor/entropy"]  # the members do differ
     assert all(rows[0]["actor/grad_norm"] > 0 for rows in expected)  # and their updates are not empty
@@ -55,35 +61,40 @@ def test_members_match_the_plain_step(tmp_path):
     assert int(final.step) == 2 and jax.tree.leaves(final.actor)[0].shape[0] == 2
     leaf = max(jax.tree.leaves(final.actor), key=lambda x: x.size)
     assert leaf.sharding.spec[0] == "sweep" and "fsdp" in leaf.sharding.spec  # members over sweep, params over fsdp
-    for member, (want_rows, got_rows) in enumerate(zip(expected, histories)):
-        for step, (want, got) in enumerate(zip(want_rows, got_rows), start=1):
+    assert [len(h) for h in histories] == [2, 1]  # member 1 stopped at step 1
+    for member, got_rows in enumerate(histories):
+        for step, (want, got) in enumerate(zip(expected[member], got_rows), start=1):
             for key, value in want.items():
                 np.testing.assert_allclose(got[key], value, rtol=2e-4, atol=2e-5,
                                            err_msg=f"member {member} step {step} {key}")
-        assert "val-env/frozen_lake/success" in got_rows[1]  # validated at the last step (test_freq 2)
+            assert "val-env/frozen_lake/success" in got  # validated every step (test_freq 1)
+    # the stopped member's state is held at step 1: what its separate run would have ended with
+    for got, want in zip(jax.tree.leaves(sweep_lib.unstack(final.actor, 1)), jax.tree.leaves(states_after_1[1].actor)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=2e-5)
 
     for name, history in zip(sweep.names, histories):
         rows = read_metrics(os.path.join(run_dir, name))
-        assert [r["step"] for r in rows] == [0, 1, 2]
+        assert [r["step"] for r in rows] == list(range(len(history) + 1))
         assert rows[1]["actor/pg_loss"] == pytest.approx(history[0]["actor/pg_loss"])
     with open(os.path.join(run_dir, "sweep.json"), encoding="utf-8") as f:
-        assert json.load(f)["names"] == ["filter.value=1.0,train.seed=0",
-                                         "filter.value=0.5,rollout.temperature=0.7,env.success_rate=0.5,train.seed=1"]
+        summary = json.load(f)
+    assert summary["names"] == NAMES and summary["early_stop"][0] == {}
+    assert summary["early_stop"][1]["step"] == 1 and "validation success" in summary["early_stop"][1]["reason"]
     members = report.read_sweep(run_dir)
     assert list(members) == sweep.names and report.env_name(members[sweep.names[0]]) == "frozen_lake"
     assert os.path.getsize(report.plot_members(members, str(tmp_path / "report.png"))) > 10_000
 
-    # interrupted after step 1: the resumed sweep repeats step 2 exactly (same compiled program, restored state)
+    # interrupted after step 1: the resumed sweep repeats step 2 exactly (same compiled program, restored state and
+    # stop records: member 1 stays stopped)
     resumed_dir = str(tmp_path / "resumed")
     shutil.copytree(run_dir, resumed_dir)
     shutil.rmtree(os.path.join(resumed_dir, "ckpt", "2"))
     _, resumed = sweep_lib.Sweep(config_for(resumed_dir, **{**CHECKPOINTS, "checkpoint.resume": True}), POINTS,
                                  log=None).run()
+    assert [len(h) for h in resumed] == [1, 0]
     drop_time = lambda m: {k: v for k, v in m.items() if k != "time/step_s"}  # noqa: E731
-    for member in range(2):
-        assert len(resumed[member]) == 1
-        np.testing.assert_equal(drop_time(resumed[member][0]), drop_time(histories[member][1]))
-        assert [r["step"] for r in read_metrics(os.path.join(resumed_dir, sweep.names[member]))] == [0, 1, 2]
+    np.testing.assert_equal(drop_time(resumed[0][0]), drop_time(histories[0][1]))
+    assert [r["step"] for r in read_metrics(os.path.join(resumed_dir, sweep.names[0]))] == [0, 1, 2]
 
 
 def test_grid_and_refusals():
