@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from environments.base import tree_select
+
 MESH_AXES = ("sweep", "data", "fsdp")
 BATCH_AXES = ("data", "fsdp")
 SWEEP_AXIS = "sweep"  # also the vmap axis name of a vectorised sweep (`ragen_jax.train.sweep`)
@@ -91,6 +93,14 @@ def sweep_any(pred: jax.Array) -> jax.Array:
     return sweep_max(jnp.asarray(pred).astype(jnp.int32)) > 0
 
 
+def sweep_cond(pred: jax.Array, true_fn, false_fn, *operands):
+    """`lax.cond(pred, true_fn, false_fn, *operands)` that stays one real branch in a vectorised sweep: `true_fn`
+    runs when `pred` holds for any member, and members whose `pred` is false take `false_fn`'s result by a select.
+    Outside a sweep it is the plain cond (the select then always picks `true_fn`'s result)."""
+    taken = lambda *ops: tree_select(pred, true_fn(*ops), false_fn(*ops))  # noqa: E731
+    return jax.lax.cond(sweep_any(pred), taken, false_fn, *operands)
+
+
 def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:
     """PartitionSpec of one parameter-like array: its largest dimension divisible by `fsdp` split over `fsdp`
     (the first such on ties); replicated when none is, or when fsdp = 1."""
@@ -111,10 +121,15 @@ def state_shardings(state: Any, mesh: Mesh, stacked: bool = False) -> Any:
         shape = tuple(x.shape)
         if stacked:
             inner = fsdp_spec(shape[1:], fsdp)
-            return NamedSharding(mesh, PartitionSpec("sweep", *inner))
+            return NamedSharding(mesh, PartitionSpec(SWEEP_AXIS, *inner))
         return NamedSharding(mesh, fsdp_spec(shape, fsdp))
 
     return jax.tree.map(sharding, state)
+
+
+def with_shardings(abstract: Any, shardings: Any) -> Any:
+    """`jax.ShapeDtypeStruct`s of `abstract` carrying `shardings` (a restore target that lands sharded)."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

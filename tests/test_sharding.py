@@ -50,3 +50,15 @@ def test_sweep_helpers_keep_real_branches_under_a_sweep_vmap():
     np.testing.assert_array_equal(top, [3.0, 3.0])
     assert "pmax" not in str(jax.make_jaxpr(jax.vmap(f))(xs))  # another vmap: no sweep axis, plain per-member
     np.testing.assert_array_equal(f(jnp.float32(-1.0))[0], -1.0)  # outside a sweep: the value itself
+
+
+def test_sweep_cond_is_one_branch_with_per_member_results():
+    def f(x):
+        return sharding.sweep_cond(x > 0, lambda v: v * 2, lambda v: -v, x)
+
+    xs = jnp.array([-1.0, 3.0])
+    jaxpr = str(jax.make_jaxpr(jax.vmap(f, axis_name=sharding.SWEEP_AXIS))(xs))
+    assert "cond[" in jaxpr
+    np.testing.assert_array_equal(jax.vmap(f, axis_name=sharding.SWEEP_AXIS)(xs), [1.0, 6.0])  # each its own branch
+    np.testing.assert_array_equal(jax.vmap(f, axis_name=sharding.SWEEP_AXIS)(jnp.array([-1.0, -3.0])), [1.0, 3.0])
+    assert float(f(jnp.float32(2.0))) == 4.0 and float(f(jnp.float32(-2.0))) == 2.0  # outside a sweep: a plain cond

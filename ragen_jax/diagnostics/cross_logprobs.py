@@ -105,12 +105,7 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
                 return _reduce(jnp.concatenate([first[:, None], rest], axis=1), row_len)
 
             empty = lambda j: (jnp.zeros((rc,), jnp.float32),) * 2  # noqa: E731
-
-            def score_if_nonempty(j):  # in a sweep, members with an empty column take `empty` by a select
-                return jax.tree.map(lambda a, b: jnp.where(lengths[j] > 0, a, b), score(j), empty(j))
-
-            return jax.lax.map(lambda j: jax.lax.cond(sharding.sweep_any(lengths[j] > 0), score_if_nonempty, empty,
-                                                      j), jnp.arange(cc))
+            return jax.lax.map(lambda j: sharding.sweep_cond(lengths[j] > 0, score, empty, j), jnp.arange(cc))
 
         return jax.lax.map(lambda ids: _tiered(reasoning_len[ids], width_tiers(max_reason, num_tiers), score_rows,
                                                ids), row_chunks)

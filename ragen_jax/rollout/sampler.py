@@ -94,8 +94,7 @@ def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
         kth = jax.lax.top_k(scaled, top_k)[0][:, -1:]
         scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
     top_p = jnp.asarray(top_p, jnp.float32)
-    masked = lambda x, p: jnp.where(p < 1.0, _top_p_mask(x, p), x)  # noqa: E731 (per member in a sweep)
-    scaled = jax.lax.cond(sharding.sweep_any(top_p < 1.0), masked, lambda x, _: x, scaled, top_p)
+    scaled = sharding.sweep_cond(top_p < 1.0, _top_p_mask, lambda x, _: x, scaled, top_p)
     logp = jax.nn.log_softmax(scaled, axis=-1)
     sampled = jax.random.categorical(key, logp, axis=-1)
     tokens = jnp.where(greedy[:, 0], jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)

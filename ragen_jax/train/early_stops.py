@@ -3,7 +3,7 @@
     stops = EarlyStops(config.filter, num_success_keys)
     reason = stops.after_step(metrics)            # None, or why the run should stop
     reason = stops.after_validation(success_rates)
-    extra["early_stop"] = stops.to_json()          # travels in checkpoints; EarlyStops.from_json restores it
+    extra["early_stop"] = stops.to_json()          # travels in checkpoints; stops.load_json(...) restores it
 
 The rules themselves are `ragen_jax.filtering.early_stop` (pure functions of arrays): `filter.empty_stop_steps`
 consecutive steps whose filter kept no group; a reward-variance collapse (`filter.rv_collapse_window` /

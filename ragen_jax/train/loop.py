@@ -90,9 +90,7 @@ def train(config, log: Callable[[str], None] | None = print) -> tuple[object, li
         abstract = jax.eval_shape(train_step.init, init_key, parts.params)
         state_sharding = sharding.state_shardings(abstract, mesh)
         if checkpointer is not None and c.resume and checkpointer.latest_step() is not None:
-            abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
-                                    state_sharding)
-            state, extra = checkpointer.restore_latest(abstract)
+            state, extra = checkpointer.restore_latest(sharding.with_shardings(abstract, state_sharding))
             stops.load_json(extra["early_stop"])
             writer.truncate_after(int(state.step))
             _log(log, f"resumed from step {int(state.step)} in {c.dir}")

@@ -6,16 +6,17 @@
 Each member is `config` with its overrides (keys from `SWEEPABLE`: values that live in the step's `Hyper`, the env's
 params, the seed, or the host-side early-stop rules). The members' Hypers, step keys and TrainStates are stacked
 along a leading axis, the step is `jax.vmap`-ed over it with `spmd_axis_name="sweep"`, and the mesh's `sweep` axis
-splits the members over devices (`mesh.sweep` must divide S; data x fsdp split each member's batch as in a single run). Member i computes exactly
-what `train(member_config)` would (up to float reduction order): same initial parameters (the SFT warm start runs
+splits the members over devices (`mesh.sweep` must divide S; data x fsdp split each member's batch as in a single
+run). Member i computes exactly what `train(member_config)` would (up to float reduction order): same initial parameters (the SFT warm start runs
 once per distinct seed), same keys, so members with equal seeds see common random numbers.
 
 Differences from S separate runs, by construction of vmap: the step counter is shared (all members run
 `train.total_steps` unless stopped); a branch that some member takes runs for all and is discarded for the others by
 a select (`sharding.sweep_max`). Early stops (spec C.6) apply per member: a stopped member's state is held from then
 on and its rows end (`<logging.dir>/sweep.json` lists each stop); the sweep ends when every member has stopped or at
-`train.total_steps`. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`;
-checkpoints (`checkpoint.dir`) hold the stacked state. Multi-host works as for `train.loop.train`.
+`train.total_steps`. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`; checkpoints (`checkpoint.dir`) hold
+the stacked state. Metrics come back replicated, so the host loop also runs multi-host as `train.loop.train` does
+(tested there for single runs only).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from environments.base import tree_select
 from ragen_jax import config as config_lib
 from ragen_jax import distributed, sharding
 from ragen_jax.algos.presets import apply_overrides
@@ -144,7 +146,7 @@ class Sweep:
         """One member's step; a member that has stopped early (bool[] `stopped`) keeps its state (its metrics are
         computed but not logged), so it ends where a separate run would have ended."""
         new_state, metrics = self.train_step(state, key, hyper)
-        held = jax.tree.map(lambda old, new: jnp.where(stopped, old, new), state, new_state)
+        held = tree_select(stopped, state, new_state)
         return held.replace(step=new_state.step), metrics  # the shared counter moves on
 
     def step_fn(self, abstract_state: TrainState):
@@ -156,8 +158,9 @@ class Sweep:
                            axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS)
         state_sharding = self.state_sharding(abstract_state)
         members = self._members_sharding()
+        # metrics are a few scalars per member: replicated, every process can read them (multi-host)
         return jax.jit(vmapped, in_shardings=(state_sharding, members, hyper_sharding, members),
-                       out_shardings=(state_sharding, members), donate_argnums=0)
+                       out_shardings=(state_sharding, sharding.replicated(self.mesh)), donate_argnums=0)
 
     def _members_sharding(self):
         return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(sharding.SWEEP_AXIS))
@@ -167,7 +170,8 @@ class Sweep:
         return shardings.replace(step=sharding.replicated(self.mesh))
 
     def run(self) -> tuple[TrainState, list[list[dict]]]:
-        """Trains every member for `train.total_steps` steps. Returns (stacked final state, metrics rows per member)."""
+        """Trains every member for `train.total_steps` steps or until it stops early. Returns (stacked final state,
+        metrics rows per member)."""
         c, lg, total = self.config.checkpoint, self.config.logging, self.config.train.total_steps
         main = distributed.is_main_process()
         writers = [MetricsWriter(os.path.join(lg.dir, name) if lg.dir and main else None,
@@ -182,9 +186,7 @@ class Sweep:
             abstract = jax.eval_shape(self.stack_states, states)
             state_sharding = self.state_sharding(abstract)
             if checkpointer is not None and c.resume and checkpointer.latest_step() is not None:
-                target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
-                                      state_sharding)
-                state, extra = checkpointer.restore_latest(target)
+                state, extra = checkpointer.restore_latest(sharding.with_shardings(abstract, state_sharding))
                 for member_stops, saved in zip(stops, extra["early_stop"]):
                     member_stops.load_json(saved)
                 fired = extra["fired"]
@@ -200,7 +202,8 @@ class Sweep:
             vmapped_eval = None
             if evaluate is not None:
                 vmapped_eval = jax.jit(jax.vmap(evaluate, axis_name=sharding.SWEEP_AXIS,
-                                                spmd_axis_name=sharding.SWEEP_AXIS))
+                                                spmd_axis_name=sharding.SWEEP_AXIS),
+                                       out_shardings=sharding.replicated(self.mesh))
             histories: list[list[dict]] = [[] for _ in self.names]
             if int(state.step) == 0 and vmapped_eval is not None:
                 self._validate(vmapped_eval, state, 0, None, writers, stops, fired, success_keys)
@@ -212,6 +215,7 @@ class Sweep:
                 state, metrics = step_fn(state, step_keys, hyper,
                                          jax.device_put(np.array(stopped), self._members_sharding()))
                 step = int(state.step)
+                metrics = jax.device_get(metrics)  # one transfer for all members
                 rows = {i: to_floats(unstack(metrics, i)) for i in range(self.size) if not stopped[i]}
                 for i, row in rows.items():
                     row["time/step_s"] = time.perf_counter() - start
@@ -239,7 +243,7 @@ class Sweep:
     def _validate(self, vmapped_eval, state, step, rows, writers, stops, fired, success_keys) -> None:
         """Validates the members still running; merges the metrics into `rows` ({member: row}), or writes step-0
         rows when `rows` is None."""
-        val = vmapped_eval(state.actor)
+        val = jax.device_get(vmapped_eval(state.actor))
         for i in range(self.size) if rows is None else list(rows):
             member = to_floats(unstack(val, i))
             self._stop(fired, i, step, stops[i].after_validation([member[k] for k in success_keys]))

@@ -214,12 +214,8 @@ def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_r
     def micro_step(acc, xs):
         batch, rows = xs
         active = rows[0] < kept_rows
-
-        def run(_):  # in a sweep, members without kept rows here take zeros by a select (see sharding.sweep_max)
-            result = grad_fn(params, batch, batch.loss_mask * (rows < kept_rows)[:, None])
-            return jax.tree.map(lambda r, z: jnp.where(active, r, z), result, zeros)
-
-        result = jax.lax.cond(sharding.sweep_any(active), run, lambda _: zeros, None)
+        run = lambda _: grad_fn(params, batch, batch.loss_mask * (rows < kept_rows)[:, None])  # noqa: E731
+        result = sharding.sweep_cond(active, run, lambda _: zeros, None)
         grads_sum, metrics_sum, count = acc
         grads_sum, metrics_sum = jax.tree.map(jnp.add, (grads_sum, metrics_sum), result)
         return (grads_sum, metrics_sum, count + active), None
@@ -257,12 +253,7 @@ def run_minibatches(loss_fn, params, opt_state, batch: UpdateBatch, kept_rows, l
             return (params, opt_state), stats
 
         skip = lambda carry: (carry, _zeros_like_result(run, carry)[1])
-        active = rows[0] < kept_rows
-
-        def run_members(carry):  # in a sweep, members without kept rows here keep their carry (a select)
-            return jax.tree.map(lambda r, k: jnp.where(active, r, k), run(carry), skip(carry))
-
-        return jax.lax.cond(sharding.sweep_any(active), run_members, skip, (params, opt_state))
+        return sharding.sweep_cond(rows[0] < kept_rows, run, skip, (params, opt_state))
 
     def epoch(carry, _):
         carry, stats = jax.lax.scan(minibatch_step, carry, minibatches)
