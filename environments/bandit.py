@@ -131,5 +131,12 @@ class Bandit(TextEnv):
         return templates[int(rng.integers(len(templates)))], hi
 
 
+    def describe(self, s, rng):
+        lo, hi = self.pairs[int(s.pair)]
+        first, second = (hi, lo) if bool(s.hi_first) else (lo, hi)
+        templates = (f"The two arms are {first} and {second}.", f"I can pull {first} or {second}.")
+        return templates[int(rng.integers(len(templates)))]
+
+
 registry.register("bandit", Bandit)
 registry.register("bandit_test", Bandit, pool="test")

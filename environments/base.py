@@ -55,7 +55,11 @@ Subclass contract (how Sokoban, Countdown, Arithmetic, ... plug in)
            -> (s, reward f32[], terminated bool[], valid bool[], effective bool[])
 3. Host oracle: `oracle_answer(s_numpy, rng: np.random.Generator, max_actions) -> (reasoning, answer)`
    where `s_numpy` is your state with numpy leaves (unbatched), `answer` the text inside <answer>
-   (e.g. "Left || Down", at most `max_actions` actions) and `reasoning` a short paraphrased text.
+   (e.g. "Left || Down", at most `max_actions` actions) and `reasoning` a short paraphrased text; it raises
+   ValueError on a state without a correct answer (finished, or an unsolvable Sokoban room).
+   For weak warm starts (`demonstrations`): `describe(s_numpy, rng) -> str`, reasoning that restates the
+   observation without choosing an answer, and for free-text envs `random_answer(s_numpy, rng) -> str`, a
+   well-formed answer that is right only by chance (word-action envs draw random valid words).
 4. Register at the bottom of your module: `registry.register("name", YourEnv)`. The registry already
    imports `environments.sokoban`, `environments.countdown` and `environments.arithmetic` once they
    exist (see registry.ENV_MODULES); no other file needs editing.
@@ -126,6 +130,9 @@ class TextEnv:
                                     max_answer_bytes=max_answer_bytes)
         self._host_pieces = jax.jit(self.observation_pieces)
         self._host_pieces_batch = jax.jit(jax.vmap(self.observation_pieces))
+        # action_valid of every (state, word) pair of a batch, for random valid demonstrations
+        self._host_valid = jax.jit(jax.vmap(lambda s, words: jax.vmap(lambda a: self.action_valid(s, a))(words),
+                                            in_axes=(0, None)))
 
     # ----------------------------------------------------------------- hooks (subclasses override)
     def init_state(self, key, params):
@@ -148,6 +155,12 @@ class TextEnv:
 
     def oracle_answer(self, s, rng: np.random.Generator, max_actions: int) -> tuple[str, str]:
         raise NotImplementedError(f"{type(self).__name__} has no oracle")
+
+    def describe(self, s, rng: np.random.Generator) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no observation description (describe)")
+
+    def random_answer(self, s, rng: np.random.Generator) -> str:
+        raise NotImplementedError(f"{type(self).__name__} is a free-text env without random_answer")
 
     # ----------------------------------------------------------------- public API
     def render(self, s) -> Observation:
@@ -208,6 +221,53 @@ class TextEnv:
         m = self.max_actions_per_turn if max_actions is None else max_actions
         return [None if done[i] else self.oracle_answer(jax.tree.map(lambda x: x[i], host), rng, m)
                 for i in range(done.shape[0])]
+
+    def oracle_answers(self, states: TurnState, rng: np.random.Generator, max_actions: int | None = None):
+        """The oracle's answer for each state of a batch: a list of str, None where done or where the state has
+        no correct answer (the oracle raised ValueError)."""
+        host = jax.tree.map(np.asarray, jax.device_get(states.env))
+        done = np.asarray(states.done)
+        m = self.max_actions_per_turn if max_actions is None else max_actions
+        out = []
+        for i in range(done.shape[0]):
+            try:
+                out.append(None if done[i] else self.oracle_answer(jax.tree.map(lambda x: x[i], host), rng, m)[1])
+            except ValueError:
+                out.append(None)
+        return out
+
+    def demonstrations(self, states: TurnState, rng: np.random.Generator, oracle_prob: float,
+                       max_actions: int | None = None) -> list[tuple[str, str] | None]:
+        """Warm-start demonstrations for a batch of states (leading axis): None where done, else (reasoning,
+        answer) with `reasoning = describe(s)` and, with probability `oracle_prob`, the oracle's answer, otherwise
+        a random answer in the same format (and always where the state has no oracle answer): 1 to
+        `max_actions` uniformly drawn valid words, or `random_answer` for free-text envs. So the reasoning always
+        depends on the input while the answer is correct with probability about `oracle_prob`."""
+        host = jax.tree.map(np.asarray, jax.device_get(states.env))
+        done = np.asarray(states.done)
+        m = self.max_actions_per_turn if max_actions is None else max_actions
+        valid = None
+        if self.action_words:
+            words = jnp.arange(len(self.action_words))
+            valid = np.asarray(self._host_valid(states.env, words))  # bool[B, num_words]
+        take_oracle = rng.random(done.shape[0]) < oracle_prob
+        oracle = self.oracle_answers(states, rng, m) if take_oracle.any() else [None] * done.shape[0]
+        out = []
+        for i in range(done.shape[0]):
+            if done[i]:
+                out.append(None)
+                continue
+            s = jax.tree.map(lambda x: x[i], host)
+            answer = oracle[i] if take_oracle[i] else None
+            if answer is None:
+                answer = self._random_words(valid[i], rng, m) if self.action_words else self.random_answer(s, rng)
+            out.append((self.describe(s, rng), answer))
+        return out
+
+    def _random_words(self, valid: np.ndarray, rng: np.random.Generator, max_actions: int) -> str:
+        choices = np.flatnonzero(valid)
+        count = int(rng.integers(1, max_actions + 1))
+        return " || ".join(self.action_words[int(a)] for a in rng.choice(choices, size=count))
 
     # ----------------------------------------------------------------- turn execution
     def _run_actions(self, key, state: TurnState, parsed: ParsedResponse, params):

@@ -294,6 +294,18 @@ class Countdown(TextEnv):
         return reasoning, expr
 
 
+    def describe(self, s, rng: np.random.Generator) -> str:
+        nums, target = [int(v) for v in s.nums[: int(s.count)]], int(s.target)
+        templates = (f"I need {target} from {nums}.", f"Target {target}; numbers {nums}, each used once.")
+        return templates[int(rng.integers(len(templates)))]
+
+    def random_answer(self, s, rng: np.random.Generator) -> str:
+        """Every number once, in random order, joined by random allowed operators."""
+        nums = [int(v) for v in rng.permutation(s.nums[: int(s.count)])]
+        ops = rng.choice(list(self.operators), size=len(nums) - 1)
+        return "".join(f"{n} {op} " for n, op in zip(nums, ops)) + str(nums[-1])
+
+
 def _instance_table(instances: Mapping[str, np.ndarray]) -> dict[str, jnp.ndarray]:
     """Validate a dataset of instances and move it to the device as i32 arrays."""
     for k in ("nums", "target"):

@@ -214,4 +214,14 @@ class FrozenLake(TextEnv):
         return templates[int(rng.integers(len(templates)))], " || ".join(moves)
 
 
+    def describe(self, s, rng):
+        p, g = _coord(int(s.pos), self.size), _coord(int(s.goal), self.size)
+        n_holes = int(np.asarray(s.holes).sum())
+        templates = (
+            f"I am at {p} and the goal is at {g}.",
+            f"The player stands on {p}; the goal is {g}; there are {n_holes} hole(s).",
+        )
+        return templates[int(rng.integers(len(templates)))]
+
+
 registry.register("frozen_lake", FrozenLake)

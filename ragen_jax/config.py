@@ -155,6 +155,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         )
     if group_size < 2 and config.algo.adv_estimator == "grpo":
         raise ConfigError("rollout.group_size", group_size, "the grpo advantage estimator needs a group_size >= 2")
+    if not 0.0 <= config.train.sft_oracle_prob <= 1.0:
+        raise ConfigError("train.sft_oracle_prob", config.train.sft_oracle_prob, "must be a probability in [0, 1]")
+    if config.train.sft_batch_size < 0:
+        raise ConfigError("train.sft_batch_size", config.train.sft_batch_size,
+                          "must be >= 0 (0 = the rollout's batch size)")
     if config.tokenizer.kind == "json" and not config.tokenizer.path:
         raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='json' needs the path of a tokenizer.json")
 

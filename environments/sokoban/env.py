@@ -169,12 +169,19 @@ class Sokoban(TextEnv):
     def oracles(self, states: TurnState, rng: np.random.Generator, max_actions: int | None = None):
         """`oracle` for each state of a batch (leading axis), with one solver call for the whole batch;
         None where the episode is done."""
+        return self._batch_oracles(states, rng, max_actions, skip_unsolvable=False)
+
+    def oracle_answers(self, states: TurnState, rng: np.random.Generator, max_actions: int | None = None):
+        """The oracle's answer per state (one solver call), None where done, solved or unsolvable."""
+        return [None if o is None else o[1] for o in self._batch_oracles(states, rng, max_actions, True)]
+
+    def _batch_oracles(self, states, rng, max_actions, skip_unsolvable: bool):
         num_moves, moves = jax.device_get(self.solve_batch(states))
         host = jax.tree.map(np.asarray, jax.device_get(states.env))
-        done = np.asarray(states.done)
+        skip = np.asarray(states.done) | ((np.asarray(num_moves) <= 0) & skip_unsolvable)
         m = self.max_actions_per_turn if max_actions is None else max_actions
-        return [None if done[i] else self._oracle_text(jax.tree.map(lambda x: x[i], host), int(num_moves[i]),
-                                                       moves[i], rng, m) for i in range(done.shape[0])]
+        return [None if skip[i] else self._oracle_text(jax.tree.map(lambda x: x[i], host), int(num_moves[i]),
+                                                       moves[i], rng, m) for i in range(skip.shape[0])]
 
     def _oracle_text(self, s, num_moves, moves, rng, max_actions):
         """(reasoning, answer) from the solver's optimal moves for host state `s`."""
@@ -202,6 +209,20 @@ class Sokoban(TextEnv):
             f"{', '.join(words)}.",
         )
         return templates[int(rng.integers(len(templates)))], " || ".join(words)
+
+
+    def describe(self, s, rng):
+        player = _coord(int(s.room.player), self.width)
+        fixed = np.asarray(s.room.fixed).reshape(-1)
+        boxes = [int(b) for b in np.sort(np.asarray(s.room.boxes))]
+        open_boxes = [_coord(b, self.width) for b in boxes if fixed[b] != dynamics.TARGET] or ["none"]
+        free_targets = [_coord(t, self.width) for t in np.flatnonzero(fixed == dynamics.TARGET) if t not in boxes]
+        templates = (
+            f"The player is at {player}. Boxes off target: {_join(open_boxes)}. Free targets: "
+            f"{_join(free_targets or ['none'])}.",
+            f"I stand at {player}; the box to move is at {_join(open_boxes)}.",
+        )
+        return templates[int(rng.integers(len(templates)))]
 
 
 registry.register("sokoban", Sokoban)

@@ -14,6 +14,8 @@ with the chat format's end of turn, so decoding `tokens[:length]` gives exactly 
 """
 from __future__ import annotations
 
+import copy
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -104,6 +106,12 @@ class Rollout:
     @property
     def batch_size(self) -> int:
         return self.num_groups * self.group_size
+
+    def regrouped(self, num_groups: int, group_size: int) -> "Rollout":
+        """The same rollout (envs, prompts, lengths) with another batch geometry."""
+        other = copy.copy(self)
+        other.num_groups, other.group_size = num_groups, group_size
+        return other
 
     def _reset(self, reset_key: jax.Array, env_params):
         """(obs, TurnState, group_ids i32[B]): members of a group share their reset key (spec A.2)."""

@@ -50,12 +50,14 @@ def summary_keys(config) -> tuple[str, ...]:
 
 
 def initial_params(config, parts, train_step: TrainStep, sft_key: jax.Array, log: Callable[[str], None] | None):
-    """The actor's parameters before RL: the built model, warm-started on environment oracles when
+    """The actor's parameters before RL: the built model, warm-started on environment demonstrations when
     `train.sft_steps` > 0 (`train.sft`)."""
-    if config.train.sft_steps <= 0:
+    t = config.train
+    if t.sft_steps <= 0:
         return parts.params
     params, _ = sft.warm_start(train_step.rollout, parts.tokenizer, parts.params, parts.env_params, sft_key,
-                               config.train.sft_steps, config.train.sft_lr, log=log)
+                               t.sft_steps, t.sft_lr, batch_size=t.sft_batch_size or None,
+                               oracle_prob=t.sft_oracle_prob, log=log)
     return params
 
 

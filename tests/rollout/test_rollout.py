@@ -18,9 +18,7 @@ from tests.rollout.helpers import (
     GROUP_SIZE,
     GROUPS,
     REASONING,
-    RESPONSE,
     SCRIPT,
-    TURNS,
     run,
     scripted_params,
     tiny_setup,
@@ -33,29 +31,31 @@ def setup():
 
 
 def replay(setup, rollout, traj, key=1):
-    """Per trajectory: (chat bytes rebuilt from host-replayed messages, per-turn replay records)."""
+    """Per trajectory: (chat bytes rebuilt from host-replayed messages, per-turn replay records); the geometry
+    (groups, turns, response length) is the rollout's."""
     tokenizer, env, env_params, _ = setup
+    group_size, response_length = rollout.group_size, rollout.response_length
     reset, step = jax.jit(env.reset), jax.jit(env.step)
     reset_key, _, step_key = jax.random.split(jax.random.key(key), 3)
     prefill = rollout.prompts.prefill_ids
     fmt = chat.plain()
     out = []
     for b in range(rollout.batch_size):
-        _, state = reset(jax.random.split(reset_key, GROUPS)[b // GROUP_SIZE], env_params)
+        _, state = reset(jax.random.split(reset_key, rollout.num_groups)[b // group_size], env_params)
         msgs = [("system", prompts_lib.system_content(env.instruction))]
         contents, records, reward, warn = [], [], None, False
-        for t in range(TURNS):
+        for t in range(rollout.max_turn):
             if not traj.turn_taken[b, t]:
                 break
             msgs.append(("user", prompts_lib.user_content(t + 1, env.render_text(state), int(state.actions_left),
-                                                          RESPONSE, True, warn, reward)))
+                                                          response_length, True, warn, reward)))
             start, n = traj.response_start[b, t], traj.response_len[b, t]
             generated = traj.tokens[b, start:start + n]
             stopped = n > 0 and generated[-1] == tokenizer.eos_id
             content = list(prefill) + list(generated[:-1] if stopped else generated)
             contents.append(b"".join(tokenizer.token_bytes(int(i)) for i in content))
             msgs.append(("assistant", f"\x00{len(contents) - 1}\x00"))
-            response = np.zeros(len(prefill) + RESPONSE, np.int32)
+            response = np.zeros(len(prefill) + response_length, np.int32)
             response[:len(prefill) + n] = np.concatenate([prefill, generated])
             keys = jax.random.split(jax.random.fold_in(step_key, t), rollout.batch_size)
             _, state, r, done, info = step(keys[b], state, response, len(prefill) + n, env_params)

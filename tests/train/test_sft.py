@@ -1,37 +1,68 @@
-"""SFT warm start: oracle batches continue exactly the rollout's turn-1 context, and training lowers the loss."""
+"""Warm start: multi-turn demonstrations are laid out exactly as the rollout would lay them out (host replay),
+`oracle_prob` sets how often a demonstrated answer is the oracle's, and training on them lowers the loss."""
 from __future__ import annotations
+
+import re
 
 import jax
 import numpy as np
+import pytest
 
-from ragen_jax.models import transformer
+from ragen_jax.models import chat, transformer
+from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.train import sft
-from tests.rollout.helpers import RESPONSE, run, tiny_setup
+from ragen_jax.train.demonstrations import Demonstrator
+from tests.rollout.helpers import tiny_setup
+from tests.rollout.test_rollout import check_against_replay
 
 
-def test_oracle_batches_extend_the_rollout_context_and_training_lowers_the_loss():
-    setup = tiny_setup(vocab_size=511)
-    tokenizer, env, env_params, config = setup
+@pytest.fixture(scope="module")
+def setup():
+    return tiny_setup(vocab_size=511)
+
+
+def make_rollout(setup, num_groups: int, group_size: int) -> Rollout:
+    tokenizer, env, _, config = setup
+    return Rollout(env, tokenizer, chat.plain(), config, num_groups=num_groups, group_size=group_size, max_turn=3,
+                   response_length=64, max_len=1536)
+
+
+@pytest.mark.parametrize("oracle_prob", [1.0, 0.0])
+def test_demonstrations_follow_the_rollout_layout_on_every_turn(setup, oracle_prob):
+    tokenizer, _, env_params, _ = setup
+    rollout = make_rollout(setup, 2, 2)
+    traj = Demonstrator(rollout, tokenizer, oracle_prob)(jax.random.key(1), env_params, np.random.default_rng(0))
+    check_against_replay(setup, rollout, traj)  # tokens, rewards, spans, done, success as the host replays them
+    assert traj.format_ok[traj.turn_taken].all(), "every demonstration is a well-formed valid answer"
+    assert (traj.turn_taken.sum(axis=1) > 1).any(), "later turns are demonstrated too"
+    assert (traj.response_len[traj.turn_taken] < 64).all() and not traj.cut.any()
+    if oracle_prob == 1.0:  # the oracle's shortest safe path never ends in a hole
+        assert traj.success[traj.done].all()
+
+
+def test_oracle_prob_sets_the_share_of_oracle_answers(setup):
+    tokenizer, env, env_params, _ = setup
+    rollout = make_rollout(setup, 48, 1)
+    key = jax.random.key(7)
+    _, first_states, _ = rollout._reset(jax.random.split(key, 3)[0], env_params)
+    oracle = env.oracle_answers(first_states, np.random.default_rng(0))
+    shares = {}
+    for q in (0.0, 0.5, 1.0):
+        traj = Demonstrator(rollout, tokenizer, q)(key, env_params, np.random.default_rng(1))
+        answers = []
+        for b in range(rollout.batch_size):
+            start, n = traj.response_start[b, 0], traj.response_len[b, 0]
+            answers.append(re.search("<answer>(.*)</answer>", tokenizer.decode(traj.tokens[b, start:start + n])).group(1))
+        shares[q] = np.mean([a == o for a, o in zip(answers, oracle)])
+    assert shares[1.0] == 1.0 and shares[0.0] < 0.3 and 0.3 < shares[0.5] < 0.85, shares
+
+
+def test_warm_start_lowers_the_loss(setup):
+    tokenizer, _, env_params, config = setup
     params = transformer.init_params(config, jax.random.key(0))
-    rollout, traj = run(setup, params, max_len=1536, temperature=1.0, key=4)
-    first_prompts = jax.jit(rollout.first_prompts)
-    prompts, lengths, states = jax.device_get(first_prompts(jax.random.key(4), env_params))
-    for b in range(rollout.batch_size):  # the same key renders the same turn-1 context as the rollout
-        start = traj.response_start[b, 0]
-        assert lengths[b] == start and (prompts[b, :start] == traj.tokens[b, :start]).all()
-
-    rng = np.random.default_rng(0)
-    tokens, attention, loss_mask, num_cut = sft.oracle_batch(rollout, tokenizer, first_prompts, jax.random.key(4), env_params,
-                                                    np.random.default_rng(0), RESPONSE * 4)
-    answers = env.oracles(states, rng)
-    assert num_cut == 0
-    for b, (reasoning, answer) in enumerate(answers):
-        targets = tokens[b, 1:][loss_mask[b] > 0]
-        assert tokenizer.decode(targets[:-1]) == sft.response_text(reasoning, answer, True)
-        assert targets[-1] == tokenizer.eos_id and (tokens[b, :lengths[b]] == prompts[b, :lengths[b]]).all()
-        assert attention[b].sum() == lengths[b] + len(targets)
-        assert "<answer>" in tokenizer.decode(tokens[b, :lengths[b] + len(targets)])
-
-    _, losses = sft.warm_start(rollout, tokenizer, params, env_params, jax.random.key(5), steps=12, lr=1e-2,
-                               response_capacity=RESPONSE * 4, log=None)
+    tokens = sft.training_arrays(Demonstrator(make_rollout(setup, 4, 1), tokenizer, 0.5)(
+        jax.random.key(2), env_params, np.random.default_rng(0)))[0]
+    assert tokens.shape[1] % sft.WIDTH_MULTIPLE == 0 and tokens.shape[1] < 1536  # trimmed to the longest row
+    _, losses = sft.warm_start(make_rollout(setup, 2, 2), tokenizer, params, env_params, jax.random.key(5), steps=12,
+                               lr=1e-2, batch_size=4, oracle_prob=0.5, log=None)
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
