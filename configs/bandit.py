@@ -13,8 +13,8 @@ ACCELERATOR = {"rollout.max_turn": 1, "rollout.max_actions_per_turn": 1, "rollou
                "rollout.val_num_groups": 256}
 TINY = {"rollout.max_turn": 1, "rollout.max_actions_per_turn": 1, "rollout.max_actions_per_traj": 1,
         "rollout.response_length": 48, "rollout.max_model_len": 736, "model.max_seq_len": 800,
-        "env.kwargs": {"hi_prob": 1.0}, "train.sft_steps": 60, "train.sft_oracle_prob": 0.0,
-        "train.total_steps": 30}
+        "env.kwargs": {"hi_prob": 1.0}, "train.sft_steps": 400, "train.sft_oracle_prob": 0.0,
+        "train.total_steps": 40}
 
 
 def get_config(arg: str | None = None):
