@@ -12,6 +12,8 @@ import dataclasses
 import importlib
 from typing import Any, Callable
 
+import jax.numpy as jnp
+
 ENV_MODULES = (
     "environments.frozen_lake",
     "environments.bandit",
@@ -72,5 +74,7 @@ def make(name: str, tokenizer=None, **overrides: Any):
         env = factory(tokenizer, **kwargs)
     except TypeError as err:
         raise TypeError(f"environment {name!r}: bad constructor arguments {sorted(kwargs)}: {err}") from err
+    # overrides take the dtype of the default (a Python float would otherwise stay a weak-typed scalar)
+    param_kwargs = {k: jnp.asarray(v, jnp.asarray(getattr(env.default_params, k)).dtype) for k, v in param_kwargs.items()}
     params = env.default_params.replace(**param_kwargs) if param_kwargs else env.default_params
     return env, params

@@ -1,0 +1,42 @@
+"""configs/{bandit,frozen_lake,sokoban,countdown}.py: the accelerator setting is RAGEN-2's main-table protocol on
+that env (spec C.8, F), the tiny setting builds a runnable CPU step (every length fits one turn), and a bad
+setting name is a clear error. Loaded through the command line as users do (`--config=configs/x.py:tiny`)."""
+from __future__ import annotations
+
+import pytest
+
+from ragen_jax import config as config_lib
+from ragen_jax.train.build import build
+from ragen_jax.train.step import TrainStep
+
+TASKS = ("bandit", "frozen_lake", "sokoban", "countdown")
+PATHS = ["--config.tokenizer.path=/models/q/tokenizer.json", "--config.model.pretrained_path=/models/q"]
+SINGLE_TURN = {"bandit", "countdown"}
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_accelerator_setting_is_the_main_table_protocol(task):
+    c = config_lib.load(["train", f"--config=configs/{task}.py", *PATHS])
+    assert c.env.name == task and (c.algo.name, c.algo.adv_estimator) == ("ppo", "gae")
+    assert (c.rollout.num_groups, c.rollout.group_size, c.train.total_steps) == (8, 16, 400)
+    assert (c.filter.strategy, c.filter.top_p_mode, c.filter.value, c.filter.include_zero) == (
+        "top_p", "softmax", 0.9, True)
+    assert (c.tokenizer.kind, c.tokenizer.chat_format, c.train.sft_steps) == ("json", "chatml", 0)
+    assert c.rollout.max_turn == (1 if task in SINGLE_TURN else 5)
+    with pytest.raises(config_lib.ConfigError, match="tokenizer.path"):  # the model folder must be named
+        config_lib.load(["train", f"--config=configs/{task}.py"])
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_tiny_setting_builds_a_cpu_step(task):
+    c = config_lib.load(["train", f"--config=configs/{task}.py:tiny"])
+    assert c.model.pretrained_path == "" and c.tokenizer.kind == "builtin" and c.train.sft_steps > 0
+    assert c.train.sft_oracle_prob < 1.0 and c.rollout.val_num_groups * c.rollout.val_group_size >= 64
+    assert c.rollout.num_groups >= 8  # enough groups for the top-p filter to drop some
+    parts = build(c)
+    TrainStep(c, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)  # every length fits
+
+
+def test_unknown_setting_is_named():
+    with pytest.raises(Exception, match="unknown setting .huge."):  # absl wraps it in a flags error
+        config_lib.load(["train", "--config=configs/bandit.py:huge"])
