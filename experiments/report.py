@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/report.py runs/demo/metrics.jsonl [--out runs/demo/report.png]
     .venv/bin/python experiments/report.py runs/sweep          # a sweep folder (sweep.json): one line per member
+    .venv/bin/python experiments/report.py runs/sweep --group-by filter.value   # mean +- std over the seeds
 
 Panels: success, validation success and episode reward; filter kept ratio; policy entropy; MI estimates of both
 collapse families (reasoning's dependence on the input); conditional entropy H(Z|X) (within-input diversity);
@@ -84,6 +85,57 @@ def plot_members(members: dict[str, list[dict]], out: str) -> str:
     return out
 
 
+def member_values(name: str) -> dict[str, str]:
+    """{key: value} of a sweep member's name `key=value,key=value` (`ragen_jax.train.sweep` names members so)."""
+    return dict(part.split("=", 1) for part in name.split(","))
+
+
+def group_members(members: dict[str, list[dict]], key: str) -> dict[str, list[list[dict]]]:
+    """{value of `key`: [rows of each member with that value]}, e.g. key `filter.value` pools the seeds."""
+    groups: dict[str, list[list[dict]]] = {}
+    for name, rows in members.items():
+        groups.setdefault(f"{key}={member_values(name)[key]}", []).append(rows)
+    return groups
+
+
+def plot_groups(groups: dict[str, list[list[dict]]], out: str) -> str:
+    """Panels with one line per group: the mean over its members (e.g. seeds) and a band of +- one std."""
+    env = env_name(next(iter(groups.values()))[0])
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
+    for ax, (title, keys) in zip(axes.ravel(), PANELS):
+        for i, (name, runs) in enumerate(groups.items()):
+            key = next((k.format(env=env) for k in keys if len(_series(runs[0], k.format(env=env))[0])), None)
+            if key is None:
+                continue
+            steps, values = _series(runs[0], key)
+            stack = np.stack([_series(rows, key)[1][:len(steps)] for rows in runs])
+            mean, std = stack.mean(axis=0), stack.std(axis=0)
+            ax.plot(steps, mean, marker="o", ms=3, color=f"C{i}", label=f"{name} ({len(runs)} runs)")
+            ax.fill_between(steps, mean - std, mean + std, color=f"C{i}", alpha=0.2)
+            ax.set_ylabel(label(key), fontsize=7)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{env}: mean and +-1 std over each group's runs")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def summary_table(groups: dict[str, list[list[dict]]]) -> str:
+    """Markdown: per group, validation success at the first and last validation (mean +- std, and per run)."""
+    env = env_name(next(iter(groups.values()))[0])
+    key = f"val-env/{env}/success"
+    lines = ["| group | runs | first validation | last validation | per run (first -> last) |", "|---|---|---|---|---|"]
+    for name, runs in groups.items():
+        firsts, lasts = zip(*[(v[0], v[-1]) for v in (_series(rows, key)[1] for rows in runs)])
+        per_run = ", ".join(f"{a:.3f} -> {b:.3f}" for a, b in zip(firsts, lasts))
+        lines.append(f"| {name} | {len(runs)} | {np.mean(firsts):.3f} ± {np.std(firsts):.3f} | "
+                     f"{np.mean(lasts):.3f} ± {np.std(lasts):.3f} | {per_run} |")
+    return "\n".join(lines)
+
+
 def read_sweep(folder: str) -> dict[str, list[dict]]:
     """{member name: metrics rows} of a sweep folder written by `ragen_jax.train.sweep`."""
     with open(os.path.join(folder, "sweep.json"), encoding="utf-8") as f:
@@ -95,10 +147,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("metrics", help="a metrics.jsonl written by the training loop, or a sweep folder")
     parser.add_argument("--out", default=None, help="PNG path (default: report.png in the run or sweep folder)")
+    parser.add_argument("--group-by", default=None,
+                        help="a sweep key (e.g. filter.value): one line per value, mean and std over the other axes")
     args = parser.parse_args()
     if os.path.isdir(args.metrics) and os.path.exists(os.path.join(args.metrics, "sweep.json")):
+        members = read_sweep(args.metrics)
+        if args.group_by:
+            groups = group_members(members, args.group_by)
+            out = args.out or os.path.join(args.metrics, f"report_by_{args.group_by}.png")
+            print(summary_table(groups))
+            print(f"wrote {plot_groups(groups, out)}")
+            return
         out = args.out or os.path.join(args.metrics, "report.png")
-        print(f"wrote {plot_members(read_sweep(args.metrics), out)}")
+        print(f"wrote {plot_members(members, out)}")
         return
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.metrics)), "report.png")
     print(f"wrote {plot(read_metrics(args.metrics), out)}")
