@@ -217,10 +217,8 @@ class FrozenLake(TextEnv):
     def describe(self, s, rng):
         p, g = _coord(int(s.pos), self.size), _coord(int(s.goal), self.size)
         n_holes = int(np.asarray(s.holes).sum())
-        templates = (
-            f"I am at {p} and the goal is at {g}.",
-            f"The player stands on {p}; the goal is {g}; there are {n_holes} hole(s).",
-        )
+        # the observation's own labels: copying "Player: (r, c)" is plain induction for a small model
+        templates = (f"Player: {p}. Goal: {g}.", f"Goal: {g}. Player: {p}. Holes: {n_holes}.")
         return templates[int(rng.integers(len(templates)))]
 
 

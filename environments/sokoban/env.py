@@ -217,11 +217,9 @@ class Sokoban(TextEnv):
         boxes = [int(b) for b in np.sort(np.asarray(s.room.boxes))]
         open_boxes = [_coord(b, self.width) for b in boxes if fixed[b] != dynamics.TARGET] or ["none"]
         free_targets = [_coord(t, self.width) for t in np.flatnonzero(fixed == dynamics.TARGET) if t not in boxes]
-        templates = (
-            f"The player is at {player}. Boxes off target: {_join(open_boxes)}. Free targets: "
-            f"{_join(free_targets or ['none'])}.",
-            f"I stand at {player}; the box to move is at {_join(open_boxes)}.",
-        )
+        # the observation's own labels, as FrozenLake's description
+        templates = (f"Player: {player}. Boxes: {_join(open_boxes)}. Targets: {_join(free_targets or ['none'])}.",
+                     f"Boxes: {_join(open_boxes)}. Player: {player}.")
         return templates[int(rng.integers(len(templates)))]
 
 

@@ -2,8 +2,8 @@
 
     .venv/bin/python experiments/benchmarks/sweep.py [--members 4] [--repeats 3]
 
-The demo geometry (configs/demo.py: tiny model, FrozenLake, 4 groups x 4 rollouts, 2 turns, responses of up to 80
-tokens, GRPO with the paper filter, collapse diagnostics every step, no SFT). S members differ in `filter.value`
+The former demo geometry (`GEOMETRY`: a d64 x 2 model, FrozenLake, 4 groups x 4 rollouts, 2 turns, responses of up
+to 80 tokens, GRPO with the paper filter, collapse diagnostics every step, no SFT). S members differ in `filter.value`
 (1.0, 0.9, 0.5, 0.25, ...). Peer: one compiled single-run step (`jax.jit(TrainStep)`) called once per member with
 that member's state and hyperparameters; ours: `ragen_jax.train.sweep.Sweep.step_fn`, all members in one call.
 Both compiled and run once first; then `repeats` rounds time one peer pass (S calls) and one sweep call; the figures
@@ -21,11 +21,13 @@ import time
 
 import jax
 
-from configs import demo
-from ragen_jax.algos import presets
+from configs import tasks
 from ragen_jax.train.sweep import Sweep
 
 VALUES = (1.0, 0.9, 0.5, 0.25, 0.75, 0.6, 0.4, 0.1)
+GEOMETRY = {"model.max_seq_len": 1280, "rollout.num_groups": 4, "rollout.group_size": 4, "rollout.max_turn": 2,
+            "rollout.response_length": 80, "rollout.max_model_len": 1152, "algo.ppo_mini_batch_size": 8,
+            "optim.actor_lr": 1e-4, "rollout.val_num_groups": 16}
 
 
 def main(argv: list[str]) -> None:
@@ -33,7 +35,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    config = presets.apply_overrides(demo.get_config(), {
+    config = tasks.tiny("frozen_lake", {**GEOMETRY,
         "train.sft_steps": 0, "train.test_freq": 0, "checkpoint.dir": "", "logging.dir": ""})
     sweep = Sweep(config, [{"filter.value": v} for v in VALUES[: args.members]], log=None)
     states = sweep.initial_states()
