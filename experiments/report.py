@@ -136,6 +136,51 @@ def summary_table(groups: dict[str, list[list[dict]]]) -> str:
     return "\n".join(lines)
 
 
+DIAGNOSTICS = (  # RAGEN-2 Fig. 10's rows: (label, key); success is each checkpoint's validation success
+    ("first-turn MI estimate", "collapse_first_turn_sample/mi_estimate"),
+    ("trajectory MI estimate", "collapse_trajectory_sample/mi_estimate"),
+    ("first-turn MI z-score", "collapse_first_turn_sample/mi_zscore"),
+    ("trajectory MI z-score", "collapse_trajectory_sample/mi_zscore"),
+    ("retrieval accuracy", "collapse_first_turn_sample/retrieval_accuracy"),
+    ("H(Z|X)", "collapse_first_turn_sample/conditional_entropy_est"),
+    ("H(Z)", "collapse_first_turn_sample/reasoning_entropy_est"),
+    ("policy entropy", "actor/entropy"),
+)
+
+
+def ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 0..n-1 of `values`, ties sharing their mean rank."""
+    order = np.argsort(values, kind="stable")
+    out = np.empty(len(values))
+    out[order] = np.arange(len(values))
+    for v in np.unique(values):
+        tied = values == v
+        out[tied] = out[tied].mean()
+    return out
+
+
+def spearman(x, y) -> float:
+    """Spearman's rank correlation of two equal-length sequences (NaN when either is constant)."""
+    rx, ry = ranks(np.asarray(x, float)), ranks(np.asarray(y, float))
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def spearman_table(runs: list[list[dict]]) -> str:
+    """Markdown: Spearman rho between validation success and each diagnostic over all checkpoints of `runs` (every
+    row holding both the validation success and the diagnostic of that step's training batch)."""
+    env = env_name(runs[0])
+    key = f"val-env/{env}/success"
+    lines = ["| diagnostic | Spearman rho with validation success | checkpoints |", "|---|---|---|"]
+    for name, diag in DIAGNOSTICS:
+        pairs = [(r[key], r[diag]) for rows in runs for r in rows
+                 if np.isfinite(r.get(key, np.nan)) and np.isfinite(r.get(diag, np.nan))]
+        if len(pairs) >= 3:
+            lines.append(f"| {name} | {spearman(*zip(*pairs)):+.2f} | {len(pairs)} |")
+    return "\n".join(lines)
+
+
 def read_sweep(folder: str) -> dict[str, list[dict]]:
     """{member name: metrics rows} of a sweep folder written by `ragen_jax.train.sweep`."""
     with open(os.path.join(folder, "sweep.json"), encoding="utf-8") as f:
@@ -156,6 +201,7 @@ def main() -> None:
             groups = group_members(members, args.group_by)
             out = args.out or os.path.join(args.metrics, f"report_by_{args.group_by}.png")
             print(summary_table(groups))
+            print(spearman_table(list(members.values())))
             print(f"wrote {plot_groups(groups, out)}")
             return
         out = args.out or os.path.join(args.metrics, "report.png")

@@ -26,3 +26,20 @@ def test_groups_pool_the_seeds_and_the_summary_gives_their_mean_and_std(tmp_path
     assert table[3].startswith("| filter.value=1.0 | 2 | 0.250 ± 0.000 | 0.500 ± 0.100 |")
     out = report.plot_groups(groups, str(tmp_path / "groups.png"))
     assert os.path.getsize(out) > 10_000
+
+
+def test_spearman_matches_scipy_with_ties():
+    from scipy import stats  # a peer (jax depends on scipy)
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 5, 40).astype(float), rng.normal(size=40)
+    assert abs(report.spearman(x, y) - stats.spearmanr(x, y).statistic) < 1e-12
+    assert report.spearman([1, 2, 3], [3, 2, 1]) == -1.0 and np.isnan(report.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_spearman_table_pairs_validation_success_with_the_same_rows_diagnostics():
+    runs = [[{"step": s, "val-env/bandit/success": 0.1 * s, "bandit/success": 0.5,
+              "collapse_first_turn_sample/mi_estimate": float(s), "actor/entropy": -float(s)} for s in range(4)]]
+    table = report.spearman_table(runs).splitlines()
+    assert "| first-turn MI estimate | +1.00 | 4 |" in table and "| policy entropy | -1.00 | 4 |" in table
+    assert not any(line.startswith("| H(Z|X)") for line in table)  # no such rows
