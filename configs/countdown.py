@@ -2,6 +2,8 @@
 
     experiments/train.py --config=configs/countdown.py $M         # RAGEN-2's setting (Qwen2.5 from a local folder)
     experiments/train.py --config=configs/countdown.py:tiny       # CPU: from scratch
+
+Tiny (q = 0.5) is a starting point, not yet measured to learn (README "Learning at tiny scale").
 """
 from configs import tasks
 

@@ -1,7 +1,10 @@
 """Sokoban (spec F.1), RAGEN-2's main environment: push the box onto its target on a 6 x 6 room.
 
     experiments/train.py --config=configs/sokoban.py $M           # RAGEN-2's setting (Qwen2.5 from a local folder)
-    experiments/train.py --config=configs/sokoban.py:tiny         # CPU: from scratch
+    experiments/train.py --config=configs/sokoban.py:tiny         # CPU: from scratch (does not learn yet, below)
+
+Tiny (6 x 6, one box, 3 turns, q = 0.5) is not yet a setting that learns: it reads coordinates like FrozenLake
+(see configs/frozen_lake.py and README "Learning at tiny scale").
 """
 from configs import tasks
 
