@@ -1,7 +1,7 @@
 """Multi-turn demonstrations for the warm start: the rollout's trajectories, with env demonstrations as responses.
 
-    demo = Demonstrator(rollout, tokenizer, oracle_prob=0.3)
-    traj = demo(key, env_params, rng)          # a numpy `Trajectory` of rollout.batch_size rows
+    demo = Demonstrator(rollout, tokenizer)
+    traj = demo(key, env_params, rng, oracle_prob=0.3)     # a numpy `Trajectory` of rollout.batch_size rows
 
 Every turn is laid out exactly as `Rollout.__call__` lays it out with the same key (reset keys per group, turn
 chunks, step keys, the action budget, the buffer limit and the closing), but the response of each turn is a
@@ -32,13 +32,12 @@ class Demonstrator:
 
     Args:
       rollout: the `Rollout` whose layout is reproduced (its batch size is the demonstration batch size);
-      tokenizer: the env's tokenizer; oracle_prob: probability that a turn's answer is the oracle's.
+      tokenizer: the env's tokenizer. Calling it takes `oracle_prob`, the probability that a turn's answer is the
+      oracle's; the compiled env functions are shared by all calls.
     """
 
-    def __init__(self, rollout: Rollout, tokenizer, oracle_prob: float):
-        if not 0.0 <= oracle_prob <= 1.0:
-            raise ValueError(f"oracle_prob must be in [0, 1], got {oracle_prob}")
-        self.rollout, self.tokenizer, self.oracle_prob = rollout, tokenizer, float(oracle_prob)
+    def __init__(self, rollout: Rollout, tokenizer):
+        self.rollout, self.tokenizer = rollout, tokenizer
         self._env = rollout.env
         self._reset = jax.jit(rollout._reset)
         self._chunks = jax.jit(rollout._chunks)
@@ -50,7 +49,9 @@ class Demonstrator:
         obs, state, reward, done, info = self._env.step_parsed(key, state, parsed, params)
         return obs, state, reward, info, parsed.think_tokens
 
-    def __call__(self, key: jax.Array, env_params, rng: np.random.Generator) -> Trajectory:
+    def __call__(self, key: jax.Array, env_params, rng: np.random.Generator, oracle_prob: float) -> Trajectory:
+        if not 0.0 <= oracle_prob <= 1.0:
+            raise ValueError(f"oracle_prob must be in [0, 1], got {oracle_prob}")
         ro, tokenizer = self.rollout, self.tokenizer
         B, L, T, N = ro.batch_size, ro.max_len, ro.max_turn, ro.response_length
         reset_key, _, step_key = jax.random.split(key, 3)
@@ -72,7 +73,7 @@ class Demonstrator:
             fits = cur + chunk_len + N + close_len <= L
             active = ~done & ~cut & fits
             cut |= ~done & ~cut & ~fits
-            demos = self._env.demonstrations(state, rng, self.oracle_prob)
+            demos = self._env.demonstrations(state, rng, oracle_prob)
             response = np.zeros((B, len(prefill) + N), np.int32)
             response[:, :len(prefill)] = prefill
             gen_len = np.zeros(B, np.int32)

@@ -28,7 +28,7 @@ from ragen_jax.train import batch as batch_lib
 from ragen_jax.train import update
 from ragen_jax.train.demonstrations import Demonstrator
 
-WIDTH_MULTIPLE = 64
+WIDTH_MULTIPLE = 256  # coarse: every new width compiles the SFT step once
 
 
 def sft_loss(model_config, params, tokens, positions, attention, loss_mask):
@@ -54,7 +54,7 @@ def warm_start(rollout: Rollout, tokenizer, params, env_params, key: jax.Array, 
     per-step losses). Prints progress every `log_every` steps to `log`."""
     config = update.UpdateConfig()
     batch_size = batch_size or rollout.batch_size
-    demonstrator = Demonstrator(rollout.regrouped(batch_size, 1), tokenizer, oracle_prob)
+    demonstrator = Demonstrator(rollout.regrouped(batch_size, 1), tokenizer)
 
     @jax.jit
     def train_step(params, opt_state, tokens, positions, attention, loss_mask):
@@ -67,7 +67,7 @@ def warm_start(rollout: Rollout, tokenizer, params, env_params, key: jax.Array, 
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
     losses, correct, cut, start = [], [], 0, time.perf_counter()
     for i in range(steps):
-        traj = demonstrator(jax.random.fold_in(key, i), env_params, rng)
+        traj = demonstrator(jax.random.fold_in(key, i), env_params, rng, oracle_prob)
         params, opt_state, loss = train_step(params, opt_state, *training_arrays(traj))
         losses.append(float(loss))
         correct.append(float(traj.success.mean()))

@@ -31,7 +31,7 @@ def make_rollout(setup, num_groups: int, group_size: int) -> Rollout:
 def test_demonstrations_follow_the_rollout_layout_on_every_turn(setup, oracle_prob):
     tokenizer, _, env_params, _ = setup
     rollout = make_rollout(setup, 2, 2)
-    traj = Demonstrator(rollout, tokenizer, oracle_prob)(jax.random.key(1), env_params, np.random.default_rng(0))
+    traj = Demonstrator(rollout, tokenizer)(jax.random.key(1), env_params, np.random.default_rng(0), oracle_prob)
     check_against_replay(setup, rollout, traj)  # tokens, rewards, spans, done, success as the host replays them
     assert traj.format_ok[traj.turn_taken].all(), "every demonstration is a well-formed valid answer"
     assert (traj.turn_taken.sum(axis=1) > 1).any(), "later turns are demonstrated too"
@@ -40,29 +40,30 @@ def test_demonstrations_follow_the_rollout_layout_on_every_turn(setup, oracle_pr
         assert traj.success[traj.done].all()
 
 
-def test_oracle_prob_sets_the_share_of_oracle_answers(setup):
+def test_oracle_prob_sets_the_share_of_oracle_answers_and_batches_are_trimmed(setup):
     tokenizer, env, env_params, _ = setup
     rollout = make_rollout(setup, 48, 1)
+    demonstrator = Demonstrator(rollout, tokenizer)
     key = jax.random.key(7)
     _, first_states, _ = rollout._reset(jax.random.split(key, 3)[0], env_params)
     oracle = env.oracle_answers(first_states, np.random.default_rng(0))
     shares = {}
     for q in (0.0, 0.5, 1.0):
-        traj = Demonstrator(rollout, tokenizer, q)(key, env_params, np.random.default_rng(1))
+        traj = demonstrator(key, env_params, np.random.default_rng(1), q)
         answers = []
         for b in range(rollout.batch_size):
             start, n = traj.response_start[b, 0], traj.response_len[b, 0]
             answers.append(re.search("<answer>(.*)</answer>", tokenizer.decode(traj.tokens[b, start:start + n])).group(1))
         shares[q] = np.mean([a == o for a, o in zip(answers, oracle)])
     assert shares[1.0] == 1.0 and shares[0.0] < 0.3 and 0.3 < shares[0.5] < 0.85, shares
+    tokens, _, attention, loss_mask = sft.training_arrays(traj)  # cut to the longest row, rounded up
+    assert tokens.shape[1] % sft.WIDTH_MULTIPLE == 0 and tokens.shape[1] - sft.WIDTH_MULTIPLE < traj.length.max()
+    assert attention.sum() == traj.length.sum() and loss_mask.sum() == traj.sampled.sum()
 
 
 def test_warm_start_lowers_the_loss(setup):
     tokenizer, _, env_params, config = setup
     params = transformer.init_params(config, jax.random.key(0))
-    tokens = sft.training_arrays(Demonstrator(make_rollout(setup, 4, 1), tokenizer, 0.5)(
-        jax.random.key(2), env_params, np.random.default_rng(0)))[0]
-    assert tokens.shape[1] % sft.WIDTH_MULTIPLE == 0 and tokens.shape[1] < 1536  # trimmed to the longest row
     _, losses = sft.warm_start(make_rollout(setup, 2, 2), tokenizer, params, env_params, jax.random.key(5), steps=12,
                                lr=1e-2, batch_size=4, oracle_prob=0.5, log=None)
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
