@@ -102,8 +102,9 @@ def test_grpo_learns_the_prompt_dependent_answer_and_regularisers_alone_do_not()
         config = presets.apply_overrides(base, {"algo.zero_task_advantage": zero_task})
         step = TrainStep(config, env, tokenizer, model_config, chat.plain())
         if zero_task is False:  # the same warm start for both runs
-            params, _ = sft.warm_start(step.rollout, tokenizer, params, env.default_params, jax.random.key(1),
-                                       steps=250, lr=3e-3, batch_size=16, oracle_prob=0.0, log=None)
+            params, losses = sft.warm_start(step.rollout, tokenizer, params, env.default_params, jax.random.key(1),
+                                            steps=250, lr=3e-3, batch_size=16, oracle_prob=0.0, log=None)
+            assert np.mean(losses[-10:]) < 0.2 * np.mean(losses[:10]), "the warm start lowers the loss"
         state = step.init(jax.random.key(2), params)
         hyper = Hyper.from_config(config, env.default_params)
         run = jax.jit(step, donate_argnums=0)
