@@ -130,7 +130,6 @@ class Bandit(TextEnv):
         )
         return templates[int(rng.integers(len(templates)))], hi
 
-
     def describe(self, s, rng):
         lo, hi = self.pairs[int(s.pair)]
         first, second = (hi, lo) if bool(s.hi_first) else (lo, hi)

@@ -212,26 +212,21 @@ class TextEnv:
     def oracle(self, state: TurnState, rng: np.random.Generator, max_actions: int | None = None):
         """(reasoning, answer) for one unbatched state; `max_actions` defaults to max_actions_per_turn."""
         s = jax.tree.map(np.asarray, jax.device_get(state.env))
-        return self.oracle_answer(s, rng, self.max_actions_per_turn if max_actions is None else max_actions)
+        return self.oracle_answer(s, rng, self._max_actions(max_actions))
 
     def oracles(self, states: TurnState, rng: np.random.Generator, max_actions: int | None = None):
         """`oracle` for each state of a batch (leading axis): a list of (reasoning, answer), None where done."""
-        host = jax.tree.map(np.asarray, jax.device_get(states.env))
-        done = np.asarray(states.done)
-        m = self.max_actions_per_turn if max_actions is None else max_actions
-        return [None if done[i] else self.oracle_answer(jax.tree.map(lambda x: x[i], host), rng, m)
-                for i in range(done.shape[0])]
+        m = self._max_actions(max_actions)
+        return [None if s is None else self.oracle_answer(s, rng, m) for s in self._host_rows(states)]
 
     def oracle_answers(self, states: TurnState, rng: np.random.Generator, max_actions: int | None = None):
         """The oracle's answer for each state of a batch: a list of str, None where done or where the state has
         no correct answer (the oracle raised ValueError)."""
-        host = jax.tree.map(np.asarray, jax.device_get(states.env))
-        done = np.asarray(states.done)
-        m = self.max_actions_per_turn if max_actions is None else max_actions
+        m = self._max_actions(max_actions)
         out = []
-        for i in range(done.shape[0]):
+        for s in self._host_rows(states):
             try:
-                out.append(None if done[i] else self.oracle_answer(jax.tree.map(lambda x: x[i], host), rng, m)[1])
+                out.append(None if s is None else self.oracle_answer(s, rng, m)[1])
             except ValueError:
                 out.append(None)
         return out
@@ -243,26 +238,31 @@ class TextEnv:
         a random answer in the same format (and always where the state has no oracle answer): 1 to
         `max_actions` uniformly drawn valid words, or `random_answer` for free-text envs. So the reasoning always
         depends on the input while the answer is correct with probability about `oracle_prob`."""
-        host = jax.tree.map(np.asarray, jax.device_get(states.env))
-        done = np.asarray(states.done)
-        m = self.max_actions_per_turn if max_actions is None else max_actions
-        valid = None
+        rows = self._host_rows(states)
+        m = self._max_actions(max_actions)
         if self.action_words:
-            words = jnp.arange(len(self.action_words))
-            valid = np.asarray(self._host_valid(states.env, words))  # bool[B, num_words]
-        take_oracle = rng.random(done.shape[0]) < oracle_prob
-        oracle = self.oracle_answers(states, rng, m) if take_oracle.any() else [None] * done.shape[0]
+            valid = np.asarray(self._host_valid(states.env, jnp.arange(len(self.action_words))))  # bool[B, words]
+        take_oracle = rng.random(len(rows)) < oracle_prob
+        oracle = self.oracle_answers(states, rng, m) if take_oracle.any() else [None] * len(rows)
         out = []
-        for i in range(done.shape[0]):
-            if done[i]:
+        for i, s in enumerate(rows):
+            if s is None:
                 out.append(None)
                 continue
-            s = jax.tree.map(lambda x: x[i], host)
             answer = oracle[i] if take_oracle[i] else None
             if answer is None:
                 answer = self._random_words(valid[i], rng, m) if self.action_words else self.random_answer(s, rng)
             out.append((self.describe(s, rng), answer))
         return out
+
+    def _max_actions(self, max_actions: int | None) -> int:
+        return self.max_actions_per_turn if max_actions is None else max_actions
+
+    def _host_rows(self, states: TurnState) -> list:
+        """The env states of a batch as unbatched numpy pytrees, one host copy; None where done."""
+        host = jax.tree.map(np.asarray, jax.device_get(states.env))
+        done = np.asarray(states.done)
+        return [None if done[i] else jax.tree.map(lambda x: x[i], host) for i in range(done.shape[0])]
 
     def _random_words(self, valid: np.ndarray, rng: np.random.Generator, max_actions: int) -> str:
         choices = np.flatnonzero(valid)

@@ -293,7 +293,6 @@ class Countdown(TextEnv):
         reasoning = str(rng.choice(_REASONING)).format(target=target, nums=nums, steps=", then ".join(steps))
         return reasoning, expr
 
-
     def describe(self, s, rng: np.random.Generator) -> str:
         nums, target = [int(v) for v in s.nums[: int(s.count)]], int(s.target)
         templates = (f"I need {target} from {nums}.", f"Target {target}; numbers {nums}, each used once.")

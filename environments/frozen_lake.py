@@ -213,7 +213,6 @@ class FrozenLake(TextEnv):
         )
         return templates[int(rng.integers(len(templates)))], " || ".join(moves)
 
-
     def describe(self, s, rng):
         p, g = _coord(int(s.pos), self.size), _coord(int(s.goal), self.size)
         n_holes = int(np.asarray(s.holes).sum())

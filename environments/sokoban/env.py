@@ -177,11 +177,10 @@ class Sokoban(TextEnv):
 
     def _batch_oracles(self, states, rng, max_actions, skip_unsolvable: bool):
         num_moves, moves = jax.device_get(self.solve_batch(states))
-        host = jax.tree.map(np.asarray, jax.device_get(states.env))
-        skip = np.asarray(states.done) | ((np.asarray(num_moves) <= 0) & skip_unsolvable)
-        m = self.max_actions_per_turn if max_actions is None else max_actions
-        return [None if skip[i] else self._oracle_text(jax.tree.map(lambda x: x[i], host), int(num_moves[i]),
-                                                       moves[i], rng, m) for i in range(skip.shape[0])]
+        m = self._max_actions(max_actions)
+        return [None if s is None or (skip_unsolvable and num_moves[i] <= 0)
+                else self._oracle_text(s, int(num_moves[i]), moves[i], rng, m)
+                for i, s in enumerate(self._host_rows(states))]
 
     def _oracle_text(self, s, num_moves, moves, rng, max_actions):
         """(reasoning, answer) from the solver's optimal moves for host state `s`."""

@@ -41,8 +41,7 @@ class Demonstrator:
         self._env = rollout.env
         self._reset = jax.jit(rollout._reset)
         self._chunks = jax.jit(rollout._chunks)
-        self._step = jax.jit(jax.vmap(lambda k, s, tokens, n, p: self._parsed_step(k, s, tokens, n, p),
-                                      in_axes=(0, 0, 0, 0, None)))
+        self._step = jax.jit(jax.vmap(self._parsed_step, in_axes=(0, 0, 0, 0, None)))
 
     def _parsed_step(self, key, state, tokens, length, params):
         parsed = self._env.parse(tokens, length)
