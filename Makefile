@@ -16,8 +16,12 @@ $(STAMP): setup.py | $(PYTHON)
 
 install: $(STAMP)
 
+# Two workers, one test file each at a time (module fixtures share their compiled programs); TEST_WORKERS=0 runs
+# in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # A from-scratch tiny agent on FrozenLake: SFT warm start, GRPO with SNR-aware filtering, collapse diagnostics;
 # metrics, TensorBoard events, checkpoints and report.png under runs/demo.

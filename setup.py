@@ -23,6 +23,7 @@ INSTALL_REQUIRES = [
 
 TEST_REQUIRES = [
     "pytest==9.2.0",
+    "pytest-xdist==3.8.0",  # `make test` runs two workers
     "hypothesis==6.170.15",
     "torch==2.13.0",  # exactly: an unpinned torch pulls a multi-GB GPU build
     "transformers==5.23.0",
