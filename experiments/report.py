@@ -4,6 +4,10 @@
     .venv/bin/python experiments/report.py runs/sweep          # a sweep folder (sweep.json): one line per member
     .venv/bin/python experiments/report.py runs/sweep --group-by filter.value   # mean +- std over the seeds
 
+With `--group-by` it also prints the summary and Spearman tables and, where the runs hold them, writes the
+four-regime scatter (`report_regimes.png`), the gradient norms by reward-variance bucket (a table and
+`report_gradients_by_KEY.png`) and, for a filter key, a steps x threshold heatmap of training success.
+
 Panels: success, validation success and episode reward; filter kept ratio; policy entropy; MI estimates of both
 collapse families (reasoning's dependence on the input); conditional entropy H(Z|X) (within-input diversity);
 retrieval accuracy. Template collapse shows as H(Z|X) staying up while MI falls. Missing keys leave a panel empty.
@@ -181,6 +185,127 @@ def spearman_table(runs: list[list[dict]]) -> str:
     return "\n".join(lines)
 
 
+REGIME_X, REGIME_Y = "collapse_first_turn_sample/conditional_entropy_est", "collapse_first_turn_sample/mi_estimate"
+
+
+def validated_points(runs: list[list[dict]], keys: tuple[str, ...]) -> np.ndarray:
+    """f64[N, 1 + len(keys)]: (validation success, *keys) of every row of `runs` where all of them are finite."""
+    env = env_name(runs[0])
+    wanted = (f"val-env/{env}/success", *keys)
+    points = [[r.get(k, np.nan) for k in wanted] for rows in runs for r in rows]
+    points = np.array(points, float).reshape(-1, len(wanted))
+    return points[np.isfinite(points).all(axis=1)]
+
+
+def plot_regimes(runs: list[list[dict]], out: str) -> str:
+    """RAGEN-2's four regimes: each validated checkpoint at (H(Z|X), I(X;Z)) of its training batch's first-turn
+    reasoning, coloured by validation success; the dashed lines are the medians of the points. Template collapse
+    is the lower right (diverse within an input, independent of it), input-grounded reasoning the upper half."""
+    points = validated_points(runs, (REGIME_X, REGIME_Y))
+    if not len(points):
+        raise ValueError("no checkpoint holds validation success and first-turn collapse diagnostics")
+    success, h, mi = points.T
+    fig, ax = plt.subplots(figsize=(6.5, 5), constrained_layout=True)
+    dots = ax.scatter(h, mi, c=success, cmap="viridis", vmin=0, vmax=1, s=22, edgecolors="k", linewidths=0.3)
+    fig.colorbar(dots, label="validation success")
+    ax.axvline(np.median(h), color="grey", ls="--", lw=0.8)
+    ax.axhline(np.median(mi), color="grey", ls="--", lw=0.8)
+    for x, y, text in ((0.02, 0.97, "low entropy, input-grounded"), (0.98, 0.97, "diverse, input-grounded"),
+                       (0.02, 0.03, "low-entropy collapse"), (0.98, 0.03, "template collapse")):
+        ax.text(x, y, text, transform=ax.transAxes, ha="left" if x < 0.5 else "right",
+                va="top" if y > 0.5 else "bottom", fontsize=8, color="dimgrey")
+    ax.set_xlabel("H(Z|X) estimate (first turn)")
+    ax.set_ylabel("MI estimate I(X;Z) (first turn)")
+    ax.set_title(f"{env_name(runs[0])}: {len(points)} checkpoints of {len(runs)} runs")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+GRAD_PREFIX = "grad_norm"
+
+
+def bucket_names(runs: list[list[dict]]) -> list[str]:
+    """`bucket_1` .. `bucket_n` of the gradient analysis (lowest reward variance first) present in `runs`."""
+    keys = {k for rows in runs for r in rows for k in r if k.startswith(f"{GRAD_PREFIX}/bucket_")}
+    return sorted({k.split("/")[1] for k in keys}, key=lambda b: int(b.split("_")[1]))
+
+
+def bucket_means(runs: list[list[dict]], stat: str) -> np.ndarray:
+    """f64[n buckets]: the mean of `grad_norm/<bucket>/<stat>` over every analysed step of `runs` (NaN-skipping:
+    an empty bucket reports NaN)."""
+    out = []
+    for bucket in bucket_names(runs):
+        values = [r[f"{GRAD_PREFIX}/{bucket}/{stat}"] for rows in runs for r in rows
+                  if f"{GRAD_PREFIX}/{bucket}/{stat}" in r]
+        values = np.array(values, float)
+        out.append(np.nanmean(values) if np.isfinite(values).any() else np.nan)
+    return np.array(out)
+
+
+GRAD_STATS = ("reward_std_mean", "task", "entropy", "kl", "sample_count")
+
+
+def gradient_table(groups: dict[str, list[list[dict]]]) -> str:
+    """Markdown: per group and reward-variance bucket, the mean reward std and gradient-component norms."""
+    lines = ["| group | bucket | " + " | ".join(GRAD_STATS) + " |", "|---|---|" + "---|" * len(GRAD_STATS)]
+    for name, runs in groups.items():
+        columns = [bucket_means(runs, stat) for stat in GRAD_STATS]
+        for b, bucket in enumerate(bucket_names(runs)):
+            lines.append(f"| {name} | {bucket} | " + " | ".join(f"{c[b]:.4g}" for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def plot_gradients(groups: dict[str, list[list[dict]]], out: str) -> str:
+    """Gradient-component norms (task, entropy) by reward-variance bucket, one line style per component and one
+    colour per group; x is the bucket's mean reward std, so a task norm growing with RV rises to the right."""
+    if not bucket_names([rows for runs in groups.values() for rows in runs]):
+        raise ValueError("no gradient analysis in these runs (diagnostics.grad_analysis_every = 0)")
+    fig, ax = plt.subplots(figsize=(6.5, 4.5), constrained_layout=True)
+    for i, (name, runs) in enumerate(groups.items()):
+        rv = bucket_means(runs, "reward_std_mean")
+        for comp, style in (("task", "-"), ("entropy", ":")):
+            norms = bucket_means(runs, comp)
+            ax.plot(rv, norms, style, marker="o", ms=4, color=f"C{i}", label=f"{name}: {comp}")
+    ax.set_yscale("log")
+    ax.set_xlabel("bucket mean reward std (low -> high reward variance)")
+    ax.set_ylabel("gradient norm (mean over analysed steps)")
+    ax.legend(fontsize=7)
+    ax.set_title("gradient components by reward-variance bucket")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def heatmap_grid(groups: dict[str, list[list[dict]]], key: str) -> tuple[list[int], np.ndarray]:
+    """(steps, f64[groups, steps]): the mean of `key` over each group's runs at each step holding it (NaN where
+    none does)."""
+    steps = sorted({int(s) for runs in groups.values() for rows in runs for s in _series(rows, key)[0]})
+    grid = np.full((len(groups), len(steps)), np.nan)
+    for g, runs in enumerate(groups.values()):
+        for s, step in enumerate(steps):
+            values = [v for rows in runs for t, v in zip(*_series(rows, key)) if t == step]
+            grid[g, s] = np.mean(values) if values else np.nan
+    return steps, grid
+
+
+def plot_heatmap(groups: dict[str, list[list[dict]]], key: str, out: str) -> str:
+    """Steps x group (e.g. top-p threshold) heatmap of `key` (`{env}` filled in), averaged over each group's runs."""
+    key = key.format(env=env_name(next(iter(groups.values()))[0]))
+    steps, grid = heatmap_grid(groups, key)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * len(steps) + 2), 0.5 * len(groups) + 2), constrained_layout=True)
+    image = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, label=label(key))
+    ax.set_yticks(range(len(groups)), list(groups), fontsize=7)
+    ticks = range(0, len(steps), max(1, len(steps) // 10))
+    ax.set_xticks(list(ticks), [str(steps[t]) for t in ticks])
+    ax.set_xlabel("step")
+    ax.set_title(f"{key}: mean over each group's runs")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def read_sweep(folder: str) -> dict[str, list[dict]]:
     """{member name: metrics rows} of a sweep folder written by `ragen_jax.train.sweep`."""
     with open(os.path.join(folder, "sweep.json"), encoding="utf-8") as f:
@@ -203,6 +328,14 @@ def main() -> None:
             print(summary_table(groups))
             print(spearman_table(list(members.values())))
             print(f"wrote {plot_groups(groups, out)}")
+            runs, stem = list(members.values()), os.path.join(args.metrics, "report")
+            if len(validated_points(runs, (REGIME_X, REGIME_Y))):
+                print(f"wrote {plot_regimes(runs, stem + '_regimes.png')}")
+            if bucket_names(runs):
+                print(gradient_table(groups))
+                print(f"wrote {plot_gradients(groups, stem + f'_gradients_by_{args.group_by}.png')}")
+            if args.group_by.startswith("filter."):
+                print(f"wrote {plot_heatmap(groups, '{env}/success', stem + f'_heatmap_{args.group_by}.png')}")
             return
         out = args.out or os.path.join(args.metrics, "report.png")
         print(f"wrote {plot_members(members, out)}")

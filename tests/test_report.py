@@ -43,3 +43,44 @@ def test_spearman_table_pairs_validation_success_with_the_same_rows_diagnostics(
     table = report.spearman_table(runs).splitlines()
     assert "| first-turn MI estimate | +1.00 | 4 |" in table and "| policy entropy | -1.00 | 4 |" in table
     assert not any(line.startswith("| H(Z|X)") for line in table)  # no such rows
+
+
+def analysed(step: int, task: list[float], rv: list[float], success: float) -> dict:
+    row = {"step": step, "val-env/bandit/success": success, "bandit/success": success}
+    for b, (t, r) in enumerate(zip(task, rv), start=1):
+        row.update({f"grad_norm/bucket_{b}/task": t, f"grad_norm/bucket_{b}/entropy": 0.01,
+                    f"grad_norm/bucket_{b}/kl": 0.0, f"grad_norm/bucket_{b}/reward_std_mean": r,
+                    f"grad_norm/bucket_{b}/sample_count": 8.0})
+    return row
+
+
+def test_gradient_buckets_average_over_steps_skipping_empty_buckets(tmp_path):
+    runs = [[analysed(5, [0.0, 1.0], [0.0, 0.4], 0.3), analysed(10, [np.nan, 3.0], [np.nan, 0.2], 0.5)],
+            [analysed(5, [0.5, 2.0], [0.1, 0.3], 0.4)]]
+    assert report.bucket_names(runs) == ["bucket_1", "bucket_2"]
+    np.testing.assert_allclose(report.bucket_means(runs, "task"), [0.25, 2.0])
+    np.testing.assert_allclose(report.bucket_means(runs, "reward_std_mean"), [0.05, 0.3])
+    table = report.gradient_table({"g": runs}).splitlines()
+    assert table[0] == "| group | bucket | reward_std_mean | task | entropy | kl | sample_count |"
+    assert table[2] == "| g | bucket_1 | 0.05 | 0.25 | 0.01 | 0 | 8 |"
+    assert os.path.getsize(report.plot_gradients({"g": runs}, str(tmp_path / "g.png"))) > 10_000
+    with np.testing.assert_raises(ValueError):
+        report.plot_gradients({"g": [rows(0.1, 0.2)]}, str(tmp_path / "none.png"))
+
+
+def test_regime_points_pair_validation_success_with_the_same_rows_diagnostics(tmp_path):
+    h, mi = report.REGIME_X, report.REGIME_Y
+    runs = [[{"step": 0, "val-env/bandit/success": 0.2, "bandit/success": 0.1, h: 3.0, mi: 0.5},
+             {"step": 1, "bandit/success": 0.3, h: 2.0, mi: 1.0},  # not validated
+             {"step": 2, "val-env/bandit/success": 0.6, h: 2.5, mi: np.nan}],  # no MI this step
+            [{"step": 0, "val-env/bandit/success": 0.9, "bandit/success": 0.8, h: 1.0, mi: 2.0}]]
+    np.testing.assert_array_equal(report.validated_points(runs, (h, mi)), [[0.2, 3.0, 0.5], [0.9, 1.0, 2.0]])
+    assert os.path.getsize(report.plot_regimes(runs, str(tmp_path / "regimes.png"))) > 10_000
+
+
+def test_heatmap_grid_is_the_mean_over_each_groups_runs_per_step(tmp_path):
+    groups = {"filter.value=0.5": [rows(0.2, 0.7), rows(0.4, 0.5)], "filter.value=1.0": [rows(0.1, 0.3)[:2]]}
+    steps, grid = report.heatmap_grid(groups, "val-env/bandit/success")
+    assert steps == [0, 2]
+    np.testing.assert_allclose(grid, [[0.3, 0.6], [0.1, np.nan]])
+    assert os.path.getsize(report.plot_heatmap(groups, "{env}/success", str(tmp_path / "heat.png"))) > 10_000
