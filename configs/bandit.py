@@ -1,4 +1,4 @@
-"""Two-armed Bandit (spec F.3), single turn: pick the high-risk arm of a profession pair.
+"""Two-armed Bandit (docs/environments.md#bandit), single turn: pick the high-risk arm of a profession pair.
 
     experiments/train.py --config=configs/bandit.py $M        # RAGEN-2's setting (Qwen2.5 from a local folder)
     experiments/train.py --config=configs/bandit.py:tiny      # CPU: from scratch, learns in minutes

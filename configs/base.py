@@ -1,4 +1,4 @@
-"""The full configuration schema with RAGEN-2's defaults (spec A.10, B.9, C.1, D.7).
+"""The full configuration schema with RAGEN-2's defaults (docs/rewards_and_objectives.md#defaults).
 
 Every knob the system reads lives here, so a typo in an override fails loudly: `get_config()` returns a
 *locked* `ml_collections.ConfigDict`. Task configs (one file per task in `configs/`) start from this one and
@@ -67,14 +67,14 @@ def _rollout() -> ml_collections.ConfigDict:
 
 def _algo() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.name = "ppo"  # ppo | dapo | grpo | drgrpo (presets, spec B.8)
+    c.name = "ppo"  # ppo | dapo | grpo | drgrpo (presets, docs/rewards_and_objectives.md#presets)
     c.adv_estimator = "gae"  # gae (critic) | grpo (critic-free)
     c.gamma = 1.0  # GAE discount
     c.lam = 1.0  # GAE lambda
-    c.bi_level_gae = False  # turn-level + token-level GAE (spec B.3)
+    c.bi_level_gae = False  # turn-level + token-level GAE (docs/rewards_and_objectives.md#bi-level-gae)
     c.high_level_gamma = 0.95  # turn-level discount of bi-level GAE
     c.norm_adv_by_std = True  # GRPO divides by the group std; False = Dr.GRPO
-    c.grpo_length_weight = False  # divide GRPO advantages by relative response length (spec B.5)
+    c.grpo_length_weight = False  # divide GRPO advantages by relative length (docs/rewards_and_objectives.md)
     c.clip_ratio_low = 0.2  # PPO lower clip epsilon
     c.clip_ratio_high = 0.28  # PPO upper clip epsilon (clip-higher)
     c.clip_ratio_c = 3.0  # dual-clip bound for negative advantages
@@ -90,7 +90,7 @@ def _algo() -> ml_collections.ConfigDict:
     c.ppo_epochs = 1  # passes over the batch per step
     c.ppo_mini_batch_size = 32  # trajectories per optimizer step
     c.ppo_micro_batch_size = 0  # rows per gradient-accumulation chunk (0 = the whole minibatch)
-    c.soft_advantage_reweight = False  # scale advantages by group std / max std (spec C.5)
+    c.soft_advantage_reweight = False  # scale advantages by group std / max std (docs/filtering.md)
     c.zero_task_advantage = False  # ablation: regulariser gradients only
     c.critic_warmup = 0  # steps that update only the critic
     return c

@@ -1,4 +1,5 @@
-"""Countdown (spec F.4), single turn: one arithmetic expression that uses every number once and hits the target.
+"""Countdown (docs/environments.md), single turn: one arithmetic expression that uses every number once and hits the
+target.
 
     experiments/train.py --config=configs/countdown.py $M         # RAGEN-2's setting (Qwen2.5 from a local folder)
     experiments/train.py --config=configs/countdown.py:tiny       # CPU: from scratch

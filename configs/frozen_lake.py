@@ -1,4 +1,5 @@
-"""FrozenLake (spec F.2): reach the goal on a 4 x 4 lake without falling into a hole, over several turns.
+"""FrozenLake (docs/environments.md#frozenlake): reach the goal on a 4 x 4 lake without falling into a hole, over
+several turns.
 
     experiments/train.py --config=configs/frozen_lake.py $M       # RAGEN-2's setting (Qwen2.5 from a local folder)
     experiments/train.py --config=configs/frozen_lake.py:tiny     # CPU: from scratch (does not learn yet, below)

@@ -1,20 +1,23 @@
-"""RAGEN-2's experiment protocols (spec B.8, B.9, C.8) as configs; their grids run as vectorised sweeps.
+"""RAGEN-2's experiment protocols (docs/filtering.md#settings-used-in-the-paper) as configs; their grids run as
+vectorised sweeps.
 
 Pick a protocol after a colon; the model is Qwen2.5-3B (base) from a local folder, nothing downloads:
 
     Q=/models/Qwen2.5-3B    # config.json, model*.safetensors, tokenizer.json
     M="--config.model.pretrained_path=$Q --config.tokenizer.path=$Q/tokenizer.json"
-    # main table (spec G.1): algorithm x filter (0.9 softmax top-p) vs nofilter, on Sokoban (or frozen_lake, ...)
+    # main table (docs/differences.md#main-table): algorithm x filter (0.9 softmax top-p) vs nofilter, on Sokoban (or
+    # frozen_lake, ...)
     experiments/train.py --config=configs/paper.py:main_table,grpo,filter $M
     experiments/train.py --config=configs/paper.py:main_table,ppo,nofilter,frozen_lake $M
-    # top-p sweep (spec G.4); its "nofilter" column is main_table,ppo,nofilter (include_zero differs: structural)
+    # top-p sweep (docs/differences.md#top-p-sweep); its "nofilter" column is main_table,ppo,nofilter (include_zero
+    # differs: structural)
     experiments/sweep.py --config=configs/paper.py:topp_sweep $M --sweep=filter.value=1.0,0.98,0.95,0.9,0.8,0.6,0.4
     # KL / entropy sweeps (filter off)
     experiments/sweep.py --config=configs/paper.py:kl_sweep $M --sweep=algo.kl_loss_coef=0,0.001,0.003,0.01,0.03,0.1
     experiments/sweep.py --config=configs/paper.py:entropy_sweep $M --sweep=algo.entropy_coeff=0,0.001,0.003,0.01,0.03,0.1
-    # FrozenLake stochasticity (spec G.5): success_rate = 1 - slip, with and without the filter
+    # FrozenLake stochasticity (docs/differences.md): success_rate = 1 - slip, with and without the filter
     experiments/sweep.py --config=configs/paper.py:frozenlake_slip,filter $M --sweep=env.success_rate=1,0.98,0.95,0.8,0.5,0.2,0
-    # gradient analysis (spec E.3): a separate 128 x 16 analysis batch every 50 steps, linear top-p 0.9
+    # gradient analysis (docs/diagnostics.md): a separate 128 x 16 analysis batch every 50 steps, linear top-p 0.9
     experiments/train.py --config=configs/paper.py:grad_analysis $M
 
 `GRIDS` holds those sweep axes. Everything else is the paper scripts' setting: 8 groups x 16 rollouts, 400 steps,

@@ -1,4 +1,4 @@
-"""Sokoban (spec F.1), RAGEN-2's main environment: push the box onto its target on a 6 x 6 room.
+"""Sokoban (docs/environments.md#sokoban), RAGEN-2's main environment: push the box onto its target on a 6 x 6 room.
 
     experiments/train.py --config=configs/sokoban.py $M           # RAGEN-2's setting (Qwen2.5 from a local folder)
     experiments/train.py --config=configs/sokoban.py:tiny         # CPU: from scratch (does not learn yet, below)

@@ -1,4 +1,4 @@
-"""Arithmetic (our stand-in for MetaMathQA, spec F.5): multi-step word and arithmetic problems.
+"""Arithmetic (our stand-in for MetaMathQA, docs/environments.md#arithmetic): multi-step word and arithmetic problems.
 
 Problems are generated IN JAX from the reset key: a template (8 word problems such as "Tom has 3 boxes
 with 7 apples in each box. Tom gives away 4 apples. How many apples does Tom have now?" and 4 plain

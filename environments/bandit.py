@@ -1,4 +1,4 @@
-"""Two-armed Bandit with named arms (RAGEN's Bandit / BanditTest, spec F.3), single turn.
+"""Two-armed Bandit with named arms (RAGEN's Bandit / BanditTest, docs/environments.md#bandit), single turn.
 
 Each reset draws a profession pair from the train or test pool (static `pool`): the first name is the
 low-risk arm (pays `lo_reward` 0.1), the second the high-risk arm (pays `hi_reward` 1 with probability
@@ -6,9 +6,9 @@ low-risk arm (pays `lo_reward` 0.1), the second the high-risk arm (pays `hi_rewa
 any other name is an invalid action. Pulling ends the episode; the observation becomes
 "{name}: {reward} points". success = the high-risk arm was chosen.
 
-Deliberate difference from RAGEN (spec I.14): RAGEN seeds each env with `seed + per-instance counter`,
-so the members of a group see different pairs and orders. Here the prompt depends only on the reset key,
-so a group (which shares its reset key) sees one prompt; only the payout draws use the step keys.
+Deliberate difference from RAGEN (docs/differences.md#bandit-group-prompts): RAGEN seeds each env with `seed +
+per-instance counter`, so the members of a group see different pairs and orders. Here the prompt depends only on the
+reset key, so a group (which shares its reset key) sees one prompt; only the payout draws use the step keys.
 """
 from __future__ import annotations
 

@@ -15,13 +15,14 @@ Public API (all functions pure; vmap over a batch of envs, jit freely):
     env.obs_capacity: int                # static size of obs.tokens
 
 `response_tokens` i32[R] are the generated tokens of one assistant turn including the prefilled
-"<think>" (or "<answer>" when `enable_think=False`), i.e. the text RAGEN parses (spec A.3/A.5); only
+"<think>" (or "<answer>" when `enable_think=False`), i.e. the text RAGEN parses (docs/prompts_and_parsing.md); only
 the first `response_len` count. `reward` f32[], `done` bool[] (terminated, or the action budget
 `max_actions_per_traj` is spent), and `info` holds f32/bool/i32 scalars:
 
     success               the env's success predicate after the turn
     format_ok             a match was found, >= 1 action parsed and every parsed action is valid
-                          (RAGEN's format-penalty test negated, spec A.6; the rollout applies the penalty)
+                          (RAGEN's format-penalty test negated, docs/prompts_and_parsing.md; the rollout applies the
+                          penalty)
     action_is_valid       at least one valid action was executed this turn
     action_is_effective   the LAST executed action changed the state (RAGEN's `turn_info.update` keeps
                           the last action's info)

@@ -1,4 +1,5 @@
-"""Countdown (spec F.4): reach the target with an arithmetic expression using each given number once.
+"""Countdown (docs/environments.md#countdown): reach the target with an arithmetic expression using each given number
+once.
 
 Instances are generated IN JAX from the reset key (`sample_instance`): draw the count of numbers
 (default 3 or 4, like RAGEN's `Countdown-Tasks-3to4` data), the numbers, then reduce them to one value

@@ -1,4 +1,4 @@
-"""FrozenLake, RAGEN's CoordFrozenLake (spec F.2), generated and stepped in JAX.
+"""FrozenLake, RAGEN's CoordFrozenLake (docs/environments.md#frozenlake), generated and stepped in JAX.
 
 Map: `size` x `size` (static, default 4); every tile is frozen with probability `p_frozen` (0.9), else
 a hole; start and goal are uniformly random distinct tiles (forced frozen). Like RAGEN we reject maps

@@ -1,4 +1,4 @@
-"""In-graph response parsing (spec A.5), tokenizer-agnostic.
+"""In-graph response parsing (docs/prompts_and_parsing.md#response-parsing), tokenizer-agnostic.
 
 Response token ids are mapped to their exact bytes through a table built once from
 `tokenizer.token_bytes` and concatenated into a fixed-capacity byte buffer (`concat_rows`). On that

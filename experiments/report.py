@@ -1,4 +1,5 @@
-"""Plot a run's metrics, or a sweep's members side by side: task success next to the collapse diagnostics (spec D).
+"""Plot a run's metrics, or a sweep's members side by side: task success next to the collapse diagnostics
+(docs/diagnostics.md).
 
     .venv/bin/python experiments/report.py runs/demo/metrics.jsonl [--out runs/demo/report.png]
     .venv/bin/python experiments/report.py runs/sweep          # a sweep folder (sweep.json): one line per member

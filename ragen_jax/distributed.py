@@ -1,4 +1,4 @@
-"""Multi-host runs: one process per host, every process runs the same program (DESIGN rule 4).
+"""Multi-host runs: one process per host, every process runs the same program (docs/architecture.md, design rule 4).
 
     from ragen_jax import distributed
     distributed.initialize()                  # before any other JAX call; then train(config) as usual

@@ -1,4 +1,4 @@
-"""The device mesh and the sharding rules of the training step (DESIGN rule 4: sharding, not pmap).
+"""The device mesh and the sharding rules of the training step (sharding, not pmap: docs/architecture.md, rule 4).
 
 One `jax.sharding.Mesh` with named axes `("sweep", "data", "fsdp")` (sizes from `config.mesh`):
 

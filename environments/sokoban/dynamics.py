@@ -1,4 +1,4 @@
-"""Sokoban rules in pure JAX: moves, pushes and gym-sokoban rewards (spec F.1).
+"""Sokoban rules in pure JAX: moves, pushes and gym-sokoban rewards (docs/environments.md#sokoban).
 
 A room is a `Room` pytree with fixed shapes; cells are addressed by their flat index `row * W + col`.
 Directions are indexed 0..3 in the order Up, Down, Left, Right (RAGEN's action ids are these plus one).
@@ -15,7 +15,7 @@ from flax import struct
 
 # Fixed layer (gym-sokoban `room_fixed`).
 WALL, FLOOR, TARGET = 0, 1, 2
-# RAGEN's cell codes of the rendered grid (spec F.1).
+# RAGEN's cell codes of the rendered grid (docs/environments.md#sokoban).
 CODE_WALL, CODE_EMPTY, CODE_TARGET, CODE_BOX_ON_TARGET, CODE_BOX, CODE_PLAYER, CODE_PLAYER_ON_TARGET = range(7)
 GRID_SYMBOLS = ("#", "_", "O", "√", "X", "P", "S")
 ACTION_WORDS = ("Up", "Down", "Left", "Right")

@@ -1,4 +1,5 @@
-"""Sokoban, RAGEN's CoordSokoban (spec F.1), as a `TextEnv`: generated, stepped, rendered and parsed in JAX.
+"""Sokoban, RAGEN's CoordSokoban (docs/environments.md#sokoban), as a `TextEnv`: generated, stepped, rendered and parsed
+in JAX.
 
 Levels come from `generator.Generator` (every level solvable and unsolved; `min_solution_length` is a
 traced param). Actions are the words "Up", "Down", "Left", "Right" (indices 0..3, RAGEN's ids 1..4),

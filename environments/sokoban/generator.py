@@ -1,6 +1,6 @@
 """Sokoban level generation in pure JAX from a PRNG key (jittable, vmappable, fixed shapes).
 
-Follows gym-sokoban's recipe (spec F.1) with the search replaced by fixed-shape loops:
+Follows gym-sokoban's recipe (docs/environments.md#sokoban) with the search replaced by fixed-shape loops:
   1. room topology: a random walk of int(1.7 * (H + W)) steps (direction change probability 0.35) that
      stamps one of five 3x3 floor masks per step, then a wall border;
   2. player and boxes on distinct uniform floor cells; the box cells become the targets;

@@ -17,8 +17,8 @@ Peers, one env in a Python loop, with a text render of the same information per 
   the ratio uses.
 
 Also timed: the peers with RAGEN's host-side parse of the same response (decode + regex + name lookup,
-spec A.5) and ours with the parse hoisted out, so three step ratios: as specified (ours parse, peers
-do not), both parsing, neither parsing. Prints one JSON line with steps/s, resets/s and ratios
+docs/prompts_and_parsing.md#response-parsing) and ours with the parse hoisted out, so three step ratios: as specified
+(ours parse, peers do not), both parsing, neither parsing. Prints one JSON line with steps/s, resets/s and ratios
 (ours / peer).
 """
 from __future__ import annotations
@@ -109,7 +109,7 @@ _SPECIAL = re.compile(r"<think>|</think>|<answer>|</answer>|<\|im_start\|>|<\|im
 
 
 def ragen_parse(tokenizer, ids, lookup: dict[str, int], max_actions: int = 2) -> list[int]:
-    """What RAGEN does per env and turn on the host (spec A.5/A.6): decode, regex, split, map names."""
+    """What RAGEN does per env and turn on the host (docs/prompts_and_parsing.md): decode, regex, split, map names."""
     match = _PATTERN.search(tokenizer.decode(ids))
     if match is None:
         return []

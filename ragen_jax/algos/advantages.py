@@ -1,9 +1,9 @@
-"""Advantage estimators of StarPO: GAE, bi-level GAE, GRPO / Dr.GRPO (spec B.2, B.3, B.5, B.7).
+"""Advantage estimators of StarPO: GAE, bi-level GAE, GRPO / Dr.GRPO (docs/rewards_and_objectives.md).
 
 All functions are pure, jittable and shape-static. Token arrays are `[B, T]` float32 aligned with
-the `(B, L-1)` layout of spec A.9: position t scores the prediction of token t+1. `mask` is the loss
-mask (1 on trained assistant tokens); rows of groups dropped by the filter must already be zero in
-it, so they neither enter the whitening statistics nor receive advantages.
+the `(B, L-1)` layout (docs/prompts_and_parsing.md#token-layout-and-the-loss-mask): position t scores the prediction of
+token t+1. `mask` is the loss mask (1 on trained assistant tokens); rows of groups dropped by the filter must already be
+zero in it, so they neither enter the whitening statistics nor receive advantages.
 
 Discount factors and coefficients may be traced arrays (they are swept), nothing else is.
 """
@@ -52,7 +52,7 @@ def gae(
     """Generalised advantage estimation over the loss tokens (verl `compute_gae_advantage_return`).
 
     Tokens outside `mask` (observations, padding) neither bootstrap nor accumulate: the backward
-    recursion carries the next masked token's value and GAE across them (spec B.2).
+    recursion carries the next masked token's value and GAE across them (docs/rewards_and_objectives.md#gae).
 
     Args:
       rewards, values, mask: f32[B, T].
@@ -91,13 +91,14 @@ def bi_level_gae(
     high_level_gamma: float | jax.Array,
     whiten: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
-    """Turn-level + token-level GAE (RAGEN `compute_bi_level_gae_advantage_return`, spec B.3).
+    """Turn-level + token-level GAE (RAGEN `compute_bi_level_gae_advantage_return`,
+    docs/rewards_and_objectives.md#bi-level-gae).
 
     "eos" tokens are those with a non-zero reward. High level: GAE over the eos tokens with
     `high_level_gamma` and `lam`; each eos reward becomes its turn return A + V. Low level: GAE over
     the masked tokens with `gamma`, `lam`, restarting (bootstrap 0, running GAE 0) at every eos token.
 
-    Deliberate difference (spec B.3 caveat c, I.7): RAGEN indexes past the end when the last masked
+    Deliberate difference (docs/differences.md#bi-level-gae): RAGEN indexes past the end when the last masked
     token is not an eos token (e.g. an episode with zero total reward) and crashes; here that token
     bootstraps from 0, i.e. behaves like the end of the episode.
 
@@ -147,7 +148,8 @@ def grpo(
     lengths: jax.Array | None = None,
     row_mask: jax.Array | None = None,
 ) -> jax.Array:
-    """GRPO (and, with `norm_by_std=False`, Dr.GRPO) outcome advantages per sample (spec B.5).
+    """GRPO (and, with `norm_by_std=False`, Dr.GRPO) outcome advantages per sample
+    (docs/rewards_and_objectives.md#grpo-and-drgrpo).
 
     A_i = (s_i - mean_g) / (std_g + eps) with the UNBIASED std of the sample's group; a group of one
     sample has mean 0 and std 1 (RAGEN `compute_grpo_outcome_advantage`). Multiply the result by the
@@ -194,7 +196,8 @@ def kl_in_reward(
     beta: float | jax.Array,
     kind: str = "kl",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """KL as a reward penalty (verl `apply_kl_penalty` with a fixed controller, spec B.7).
+    """KL as a reward penalty (verl `apply_kl_penalty` with a fixed controller,
+    docs/rewards_and_objectives.md#kl-estimators-and-placements).
 
     r_t <- r_t - beta * kl_t * mask_t, with `kl_t = kl_penalty(old_logp, ref_logp, kind)`.
 

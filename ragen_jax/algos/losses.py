@@ -1,4 +1,5 @@
-"""StarPO losses: dual-clip PPO, clipped value loss, entropy, KL estimators, aggregation (spec B.4, B.6, B.7).
+"""StarPO losses: dual-clip PPO, clipped value loss, entropy, KL estimators, aggregation
+(docs/rewards_and_objectives.md).
 
 Pure and jittable; token arrays are f32[B, T] with a loss mask of the same shape. String options
 (aggregation mode, KL estimator) are static; clip ratios and coefficients may be traced.
@@ -24,7 +25,8 @@ def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def agg_loss(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
-    """Aggregates a token loss f32[B, T] into a scalar (verl `agg_loss`, spec B.6).
+    """Aggregates a token loss f32[B, T] into a scalar (verl `agg_loss`,
+    docs/rewards_and_objectives.md#loss-aggregation).
 
     Modes:
       token-mean: sum(l*m) / sum(m).
@@ -60,7 +62,8 @@ def policy_loss(
     clip_c: float | jax.Array,
     agg_mode: str,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Dual-clip PPO with asymmetric clipping (verl `compute_policy_loss` vanilla, spec B.6).
+    """Dual-clip PPO with asymmetric clipping (verl `compute_policy_loss` vanilla,
+    docs/rewards_and_objectives.md#policy-loss).
 
     Args:
       logp, old_logp, advantages, mask: f32[B, T].
@@ -94,7 +97,8 @@ def value_loss(
     clip_range: float | jax.Array,
     agg_mode: str,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped critic loss 0.5 * agg(max((v-R)^2, (clip(v, v_old +- c) - R)^2)) (verl, spec B.4).
+    """Clipped critic loss 0.5 * agg(max((v-R)^2, (clip(v, v_old +- c) - R)^2)) (verl;
+    docs/rewards_and_objectives.md#value-loss).
 
     Returns:
       (loss, metrics) with `vf_clipfrac` = token-mean of (clipped loss > unclipped loss).
@@ -107,11 +111,13 @@ def value_loss(
 
 
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: str) -> jax.Array:
-    """Per-token KL estimate of pi against pi_ref (verl `kl_penalty`, spec B.7).
+    """Per-token KL estimate of pi against pi_ref (verl `kl_penalty`,
+    docs/rewards_and_objectives.md#kl-estimators-and-placements).
 
     `kl`/`k1`: d; `abs`: |d|; `mse`/`k2`: d^2 / 2; `low_var_kl`/`k3`: exp(u) - u - 1 with
     u = clip(-d, -20, 20), clipped to [-10, 10]; d = logp - ref_logp. Hyphenated spellings
-    (`low-var-kl`) are accepted: RAGEN's scripts pass them, which upstream verl would reject (spec I.6).
+    (`low-var-kl`) are accepted: RAGEN's scripts pass them, which upstream verl would reject
+    (docs/differences.md#kl-type-strings).
     """
     if kind not in KL_ESTIMATORS:
         raise ValueError(f"kl estimator {kind!r} is invalid: allowed values are {KL_ESTIMATORS}")

@@ -1,4 +1,5 @@
-"""Algorithm, filter and KL presets as overrides of the `configs/base.py` schema (spec B.8, C.8, B.7).
+"""Algorithm, filter and KL presets as overrides of the `configs/base.py` schema
+(docs/rewards_and_objectives.md#presets).
 
 A preset is a flat dict `{"algo.x": value, "filter.y": value}`; `apply_overrides` sets those keys on a
 copy of a (locked) config, so a key that does not exist fails loudly. `preset_config` combines an
@@ -6,7 +7,8 @@ algorithm preset with a filter preset and a KL placement.
 
 The algorithm presets are RAGEN's main-table scripts (run_main_table_diff_algo.sh): every algorithm keeps
 the base clip-higher (0.2 / 0.28), entropy 0.001 and KL loss off (its coefficient 0.001 is set but
-unused). PPO and DAPO differ in no effective setting there (spec I.5); both are kept for naming parity.
+unused). PPO and DAPO differ in no effective setting there (docs/differences.md#ppo-and-dapo); both are kept for naming
+parity.
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ _PAPER_FILTER = {
 }
 
 FILTER_PRESETS: dict[str, dict[str, Any]] = {
-    # Main table (spec C.8): softmax top-p 0.9 with zero-variance groups allowed, vs. 1.0 ("nofilter").
+    # Main table (docs/filtering.md#settings-used-in-the-paper): softmax top-p 0.9 with zero-variance groups allowed,
+    # vs. 1.0 ("nofilter").
     "paper": {**_PAPER_FILTER, "filter.value": 0.9},
     "none": {**_PAPER_FILTER, "filter.value": 1.0},
     # The repository's recommendation (guide_rollout_filtering.md) and the gradient-analysis runs.
@@ -61,7 +64,8 @@ KL_PLACEMENTS = ("off", "loss", "reward")
 
 
 def kl_overrides(placement: str, coef: float = 0.001, estimator: str = "kl") -> dict[str, Any]:
-    """KL against the reference policy as a loss term, as a reward penalty, or off (spec B.7).
+    """KL against the reference policy as a loss term, as a reward penalty, or off
+    (docs/rewards_and_objectives.md#kl-estimators-and-placements).
 
     Args:
       placement: "off", "loss" (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) or "reward"

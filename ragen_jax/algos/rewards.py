@@ -1,4 +1,4 @@
-"""Episode rewards -> token-level rewards (spec A.7, A.9).
+"""Episode rewards -> token-level rewards (docs/rewards_and_objectives.md, episode and token rewards).
 
 RAGEN adds the format penalties to the episode reward, normalises it within each prompt group
 (`agent_proxy.reward_normalization`, grouping "state") and places it on the last token of the sequence.
@@ -16,7 +16,8 @@ ASYM_CLIP = (-1.0, 3.0)
 
 
 def normalize_group_rewards(rewards: jax.Array, method: str) -> jax.Array:
-    """Normalise f32[N, G] episode rewards within each group (row) by `method` (spec A.7).
+    """Normalise f32[N, G] episode rewards within each group (row) by `method`
+    (docs/rewards_and_objectives.md#episode-rewards).
 
     identity: unchanged; mean: x - mean; mean_std: (x - mean) / (std + 1e-6) with the unbiased std, all zeros
     when std <= 1e-6; asym_clip: mean_std clipped to [-1, 3]. Groups of one rollout are left unchanged

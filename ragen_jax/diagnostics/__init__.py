@@ -1,4 +1,4 @@
-"""Collapse diagnostics (MI proxies of reasoning collapse, spec D) and gradient-component analysis (spec E.3).
+"""Collapse diagnostics (MI proxies of reasoning collapse) and gradient-component analysis (docs/diagnostics.md).
 
 - `collapse.collapse_metrics` / `collapse.init_ema`: the MI proxies of one cross log-prob matrix.
 - `cross_logprobs.cross_log_probs`: l[i, j] = log p(z_i | x_j) with each prompt prefilled once into a KV cache

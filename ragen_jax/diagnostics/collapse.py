@@ -1,6 +1,6 @@
-"""MI proxies of reasoning collapse from a cross log-prob matrix (spec D.4, D.5), fixed shapes, jittable.
+"""MI proxies of reasoning collapse from a cross log-prob matrix (docs/diagnostics.md), fixed shapes, jittable.
 
-Rows are sampled (x, z) pairs, columns are candidate prompts; `logp[i, j]` = log p(z_i | x_j) (D.3). Columns
+Rows are sampled (x, z) pairs, columns are candidate prompts; `logp[i, j]` = log p(z_i | x_j). Columns
 with equal signature hold token-identical prompts. Everything is computed under the empirical prompt
 distribution of the N *valid columns* (RAGEN's N = number of columns, not of distinct signatures):
 
@@ -57,7 +57,7 @@ def _masked_std(x, w, n):
 
 
 def _retrieval(logp, true_col, col_signature, col_valid, row_w, num_rows, num_cols):
-    """Duplicate-aware retrieval accuracy, top-k accuracy and chance levels (spec D.5)."""
+    """Duplicate-aware retrieval accuracy, top-k accuracy and chance levels (docs/diagnostics.md#retrieval-accuracy)."""
     num_cols_static = logp.shape[1]
     masked = jnp.where(col_valid[None, :], logp, -jnp.inf)
     true_sig = col_signature[true_col]
@@ -96,7 +96,7 @@ def collapse_metrics(
     std_eps: float | jax.Array = STD_EPS,
     ema_decay: float | jax.Array = EMA_DECAY,
 ) -> tuple[dict, dict]:
-    """All MI proxies of spec D.4/D.5 for one sampling family.
+    """All MI proxies (docs/diagnostics.md) for one sampling family.
 
     Args:
       logp_mean: f32[R, C] per-token mean log p(z_i | x_j).

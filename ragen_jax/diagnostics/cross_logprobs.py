@@ -1,4 +1,5 @@
-"""Cross log-prob matrix l[i, j] = log p(z_i | x_j) for R reasoning strings against C prompts (spec D.3).
+"""Cross log-prob matrix l[i, j] = log p(z_i | x_j) for R reasoning strings against C prompts
+(docs/diagnostics.md#cross-log-prob-matrix).
 
 `cross_log_probs` prefills the C prompts ONCE into a KV cache and scores all R reasoning strings against each
 cached prefix in a batch, so its cost grows with C*R*|z| instead of C*R*(|x| + |z|) (RAGEN re-runs the whole

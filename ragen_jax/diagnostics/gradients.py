@@ -1,5 +1,5 @@
-"""Gradient-component analysis by reward-variance bucket (spec E.3): does the task gradient shrink with RV while
-the regulariser gradients stay flat?
+"""Gradient-component analysis by reward-variance bucket (docs/diagnostics.md#gradient-analysis): does the task gradient
+shrink with RV while the regulariser gradients stay flat?
 
 Groups are bucketed by their reward std (RV): `quantile` sorts the valid groups ascending by RV (ties: lower
 group first) into min(num_buckets, #groups) equal-count buckets, the remainder going to the LAST one (128 groups
@@ -14,11 +14,11 @@ prefix `grad_norm/`): `<bucket>/{task,entropy,kl}` global L2 norms and `<bucket>
 the actor's gradient on that bucket), `<bucket>/per_sample/<c>` (norm / rows),
 `<bucket>/per_token/<c>` (norm / loss tokens), `<bucket>/loss/{policy,entropy,kl,total}` (the signed terms
 above), `<bucket>/sample_count|sample_pct|group_rv_count`, `<bucket>/reward_std_mean|min|max` (over the bucket's
-groups), and `all/reg` = ||g_entropy + g_kl|| with `all/snr` = ||g_task|| / ||g_reg|| (the SNR proxy of E.2).
-An empty bucket reports NaN norms, losses and RV stats with sample_count 0 (RAGEN omits it).
+groups), and `all/reg` = ||g_entropy + g_kl|| with `all/snr` = ||g_task|| / ||g_reg|| (the SNR proxy of
+docs/diagnostics.md). An empty bucket reports NaN norms, losses and RV stats with sample_count 0 (RAGEN omits it).
 
 Differences from RAGEN: one gradient per bucket over all its rows instead of the mean of per-minibatch norms
-(the norm of the bucket's mean gradient, as in E.2's ||sum_x g_task(x)||), and no trailing-row trimming for
+(the norm of the bucket's mean gradient, as in the SNR argument's ||sum_x g_task(x)||), and no trailing-row trimming for
 data-parallel divisibility. Cost: one chunked forward over the batch gives every loss term; each bucket's
 backward then runs only on its own rows (chunks of `chunk_rows`, one forward and three pullbacks each), so
 the whole analysis costs about three forward and six backward passes over the batch.

@@ -1,9 +1,10 @@
-"""The two collapse sampling families of spec D.2, run in-graph on the unfiltered rollout batch.
+"""The two collapse sampling families (docs/diagnostics.md#sampling-families), run in-graph on the unfiltered rollout
+batch.
 
 Input: `ReasoningSpans`, per trajectory and turn the span of the reasoning inside the trajectory token buffer.
 The prompt of turn t is the buffer before its reasoning (x_t = everything the model saw, `<think>` included),
-the reasoning z_t is the span strictly between `<think>` and `</think>` (spec D.1). A (trajectory, turn) pair is
-valid when the turn produced a response and its reasoning is non-empty.
+the reasoning z_t is the span strictly between `<think>` and `</think>` (docs/diagnostics.md#what-is-measured). A
+(trajectory, turn) pair is valid when the turn produced a response and its reasoning is non-empty.
 
 - First-turn family (`collapse_first_turn_sample/`): one turn-1 pair per trajectory; `num_samples` of the
   valid ones without replacement (all if fewer); columns = groups, each represented by the prompt of its first
@@ -16,7 +17,8 @@ valid when the turn produced a response and its reasoning is non-empty.
 Column signatures compare prompt tokens exactly (equal length and tokens), like RAGEN's tuple(prompt ids): the
 same (m, t) drawn twice, or same-group turn-1 prompts, or two groups with identical prompts share a signature.
 Differences from RAGEN: prompts are the sampled trajectory buffer (RAGEN re-renders them from text without the
-training truncation, spec D.9), and timing metrics are left to `experiments/benchmarks/diagnostics.py`.
+training truncation, docs/differences.md#diagnostics), and timing metrics are left to
+`experiments/benchmarks/diagnostics.py`.
 """
 from __future__ import annotations
 
@@ -103,7 +105,8 @@ class CollapseOptions:
 
 
 def should_compute(step, every: int) -> jax.Array:
-    """RAGEN's schedule (spec D.7): never at step 0, always at step 1, then when step % every == 0; every=0: off."""
+    """RAGEN's schedule (docs/diagnostics.md#schedule): never at step 0, always at step 1, then when step % every == 0;
+    every=0: off."""
     if every <= 0:
         return jnp.zeros((), jnp.bool_)
     step = jnp.asarray(step)

@@ -1,4 +1,4 @@
-"""SNR-aware filtering (spec C): group scores, group selection, compaction, loss scaling, early stops."""
+"""SNR-aware filtering (docs/filtering.md): group scores, group selection, compaction, loss scaling, early stops."""
 from ragen_jax.filtering.early_stop import (
     EmptyStopState,
     RewardVarianceState,

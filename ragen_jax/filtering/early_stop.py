@@ -1,4 +1,4 @@
-"""Early-stop rules of RAGEN's trainer as pure state + update functions (spec C.6).
+"""Early-stop rules of RAGEN's trainer as pure state + update functions (docs/filtering.md#early-stops).
 
 Each rule is a small NamedTuple of arrays and an `update(state, observation, ...) -> (state, stop)`
 function. They run on host values or inside jit alike; the training loop owns the state (and saves it

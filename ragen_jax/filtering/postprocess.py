@@ -1,6 +1,6 @@
-"""After selection: compaction of kept rows, filter metrics, loss scaling, soft reweighting (spec C.5, C.7).
+"""After selection: compaction of kept rows, filter metrics, loss scaling, soft reweighting (docs/filtering.md).
 
-Rows are group-contiguous: rows g*G ... g*G+G-1 belong to group g (spec C.2). Instead of RAGEN's
+Rows are group-contiguous: rows g*G ... g*G+G-1 belong to group g (docs/filtering.md#group-scores). Instead of RAGEN's
 `batch[mask]` (a variable-size batch) the kept rows are moved to the front by a stable permutation and
 counted, so the update phase can skip whole minibatches of dropped rows: filtering saves compute.
 """
@@ -50,7 +50,8 @@ def kept_ratio(group_mask: jax.Array) -> jax.Array:
 def filter_loss_scaling(advantages: jax.Array, ratio: jax.Array, mode: str) -> jax.Array:
     """`filter_loss_scaling`: advantages * ratio (linear), * sqrt(ratio) (sqrt) or unchanged (none).
 
-    RAGEN applies it to the advantages after their computation (after whitening), in the trainer (spec C.5, I.4).
+    RAGEN applies it to the advantages after their computation (after whitening), in the trainer
+    (docs/differences.md#loss-scaling-placement).
     """
     check_choice("filter.loss_scaling", mode, LOSS_SCALINGS)
     if mode == "linear":
@@ -61,7 +62,8 @@ def filter_loss_scaling(advantages: jax.Array, ratio: jax.Array, mode: str) -> j
 
 
 def soft_advantage_weights(group_std: jax.Array, group_mask: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Soft reweighting w_g = std_g / (max std over kept groups + 1e-6) (spec C.5).
+    """Soft reweighting w_g = std_g / (max std over kept groups + 1e-6)
+    (docs/filtering.md#loss-scaling-and-soft-reweighting).
 
     Args:
       group_std: f32[N] the per-group std GRPO normalised by; group_mask: bool[N] kept groups.
@@ -89,7 +91,7 @@ def _metric_family(metric: str) -> str:
 def filter_metrics(
     values: jax.Array, scores: jax.Array, group_mask: jax.Array, metric: str
 ) -> dict[str, jax.Array]:
-    """The filter's metrics with RAGEN's names (spec C.7), f32 scalars.
+    """The filter's metrics with RAGEN's names (docs/filtering.md#filter-metrics), f32 scalars.
 
     `rollout/in_group_{std,max,mean}` (means over all groups) and `rollout/chosen_in_group_*` (over kept
     groups, 0 when none) of the metric family's per-trajectory quantity; the family-named copies

@@ -1,4 +1,4 @@
-"""Per-group selection scores and the group selection rule of SNR-aware filtering (spec C.2, C.3).
+"""Per-group selection scores and the group selection rule of SNR-aware filtering (docs/filtering.md#group-selection).
 
 `select_groups` reproduces RAGEN's `_select_top_groups` with fixed shapes: it returns a bool[N] group
 mask instead of an index list, an empty result is an all-False mask, and ties are broken by the lower
@@ -29,7 +29,7 @@ def check_choice(name: str, value, allowed) -> None:
 def group_stats(values: jax.Array) -> dict[str, jax.Array]:
     """Per-group statistics of per-trajectory quantities f32[N, G]: unbiased std (ddof=1), max, mean, sum.
 
-    RAGEN calls the unbiased standard deviation "reward variance" (spec C.2, I.1). A group of one
+    RAGEN calls the unbiased standard deviation "reward variance" (docs/filtering.md#group-scores). A group of one
     has std 0 here (torch gives NaN; the config rejects variance metrics with group_size 1).
     """
     values = jnp.asarray(values, jnp.float32)
@@ -40,7 +40,7 @@ def group_stats(values: jax.Array) -> dict[str, jax.Array]:
 
 
 def group_scores(values: jax.Array, metric: str) -> jax.Array:
-    """Selection score per group, f32[N], from per-trajectory values f32[N, G] (spec C.2).
+    """Selection score per group, f32[N], from per-trajectory values f32[N, G] (docs/filtering.md#group-scores).
 
     metric: `reward_variance` / `entropy_variance` -> unbiased in-group std; `reward` / `entropy` /
     `length` -> in-group mean; `reward_sum` -> in-group sum. `values` holds the quantity the metric
@@ -121,7 +121,7 @@ def select_groups(
     top_p_mode: str = "linear",
     eps: float | jax.Array = 0.01,
 ) -> jax.Array:
-    """Which groups to keep, bool[N], exactly as RAGEN's `_select_top_groups` (spec C.3).
+    """Which groups to keep, bool[N], exactly as RAGEN's `_select_top_groups` (docs/filtering.md#group-selection).
 
     Candidates are all groups, or with `include_zero=False` those with |score| > 1e-10 (none left ->
     empty). Then, over the candidates:

@@ -2,7 +2,7 @@
 
 A :class:`ChatFormat` renders ``(role, content)`` messages to the text a model sees, the generation
 prompt that opens the assistant turn (optionally followed by the ``<think>`` / ``<answer>`` prefill of
-spec A.4), the end-of-turn string and the stop sequences of generation. The rendered text equals what
+docs/prompts_and_parsing.md), the end-of-turn string and the stop sequences of generation. The rendered text equals what
 ``transformers``' ``apply_chat_template`` produces with the models' own templates (Qwen2 / Qwen2.5
 without tools, Llama-3 and Llama-3.1 without tools); tests check this against transformers.
 """
@@ -74,7 +74,7 @@ class ChatFormat:
         return self.header(role) + text + self.end_of_turn + self.after_turn
 
     def generation_prompt(self, prefill: str = "") -> str:
-        """Text opening the assistant turn, then ``prefill`` (e.g. :func:`prefill` of spec A.4)."""
+        """Text opening the assistant turn, then ``prefill`` (e.g. :func:`prefill`, docs/prompts_and_parsing.md)."""
         return self.header("assistant") + prefill
 
     def render(self, messages: Iterable[tuple[str, str]], add_generation_prompt: bool = False,
@@ -142,6 +142,7 @@ def get(name: str) -> ChatFormat:
 
 
 def prefill(enable_think: bool) -> str:
-    """The text appended after the generation prompt (spec A.4): ``<think>``, or ``<answer>`` without thinking."""
+    """The text appended after the generation prompt (docs/prompts_and_parsing.md): ``<think>``, or ``<answer>`` without
+    thinking."""
     return tok_lib.THINK_OPEN if enable_think else tok_lib.ANSWER_OPEN
 

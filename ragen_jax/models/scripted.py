@@ -4,8 +4,8 @@ All layer weights are zero, so the residual stream carries the current token's e
 embedding of script token i is the unit vector e_i and the LM head maps e_i to the next script token with logit
 `scale * sqrt(d_model)` (RMSNorm rescales e_i to sqrt(d_model) e_i). Greedy decoding after the first script token
 therefore reproduces the script, whatever the prompt, and its log-probs do not depend on the prompt: a *template*
-policy (spec D), the reference case of template collapse. The forward pass costs exactly what any model of the
-same shape costs, so benchmarks use it to get valid, realistic-length responses from an untrained model.
+policy (docs/diagnostics.md), the reference case of template collapse. The forward pass costs exactly what any model of
+the same shape costs, so benchmarks use it to get valid, realistic-length responses from an untrained model.
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ _BUILTIN_FORMAT = "ragen_jax.builtin_tokenizer/1"
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", END)
 
 # Whole-word tokens of the built-in vocabulary; each also gets a leading-space variant. Sources: the
-# observation / instruction texts of spec F.1-F.5 and the prompt of spec A.4, then reasoning words.
+# observation / instruction texts (docs/environments.md), the prompt (docs/prompts_and_parsing.md), reasoning words.
 BUILTIN_WORDS = (
     # grid symbols, separators and punctuation runs (ASCII symbols are byte tokens already)
     "√", "||", "x", ":", "Turn", "State", "Reward", "Coordinates", "Board", "size", "rows", "cols",
@@ -50,7 +50,7 @@ BUILTIN_WORDS = (
     "Holes", "nums", "actions", "action", "left", "on", "in",
     # actions, case variants
     "Up", "Down", "Left", "Right", "up", "down", "right", "UP", "DOWN", "LEFT", "RIGHT",
-    # prompt text (spec A.4)
+    # prompt text (docs/prompts_and_parsing.md)
     "You", "You're", "helpful", "assistant", "have", "Always", "output", "with", "no", "extra", "text",
     "this", "format", "Max", "response", "length", "words", "tokens", "valid", "state", "same", "Your",
     "answer", "available", "are", "make", "by", "equation", "equals",

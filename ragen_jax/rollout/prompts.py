@@ -1,4 +1,5 @@
-"""The multi-turn prompt of spec A.4, rendered to tokens in-graph for any tokenizer and chat format.
+"""The multi-turn prompt (docs/prompts_and_parsing.md#the-prompt-of-one-turn), rendered to tokens in-graph for any
+tokenizer and chat format.
 
 A trajectory's token buffer is the chat text
 
@@ -7,15 +8,15 @@ A trajectory's token buffer is the chat text
 
 with SYSTEM = "You're a helpful assistant. " + env.instruction and the turn content
 U_t = "\\nTurn {t}:\\nState:\\n{obs}\\n{warning}You have {k} actions left. Always output: {FORMAT} with no
-extra text. Strictly follow this format. Max response length: {N} words (tokens).\\n" (spec A.4). The text
-between two generated responses is one *turn chunk*: `TurnPrompts.chunk` concatenates its pieces (tokenized
+extra text. Strictly follow this format. Max response length: {N} words (tokens).\\n" (docs/prompts_and_parsing.md). The
+text between two generated responses is one *turn chunk*: `TurnPrompts.chunk` concatenates its pieces (tokenized
 once here, through `environments.pieces.PieceTable`) around the env's observation tokens.
 
 Deliberate differences from RAGEN, which re-renders the whole conversation as text every turn:
-* the buffer holds the sampled tokens themselves (DESIGN rule 6), so a response cut at the token limit is
-  closed with the end-of-turn token after it (RAGEN re-renders the parsed response text);
+* the buffer holds the sampled tokens themselves (docs/architecture.md, design rule 6), so a response cut at the
+  token limit is closed with the end-of-turn token after it (RAGEN re-renders the parsed response text);
 * the warning after a turn without a valid action is part of the context the policy saw, as in RAGEN's
-  inference prompts (RAGEN drops it from its re-rendered training sequences, spec A.4);
+  inference prompts (RAGEN drops it from its re-rendered training sequences, docs/differences.md#prompts);
 * rewards are printed rounded to cents without trailing zeros ("0.9", "-0.2", "10"), RAGEN prints Python's
   float repr ("0.9000000000000001");
 * the length hint N is the generation limit `response_length` (RAGEN takes a per-env `max_tokens` hint).

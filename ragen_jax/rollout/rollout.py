@@ -1,16 +1,18 @@
-"""The multi-turn rollout of spec A.3 as one pure, jittable function: envs, prompts, generation, parsing.
+"""The multi-turn rollout (docs/prompts_and_parsing.md#the-rollout-loop) as one pure, jittable function: envs, prompts,
+generation, parsing.
 
     rollout = Rollout(env, tokenizer, chat_format, model_config, num_groups=8, group_size=16, max_turn=5,
                       response_length=400, max_len=3600)
     traj = jax.jit(rollout)(params, key, env_params, temperature, top_p)        # a Trajectory
 
-B = num_groups * group_size envs are reset, the members of a group with the same key (same prompt, spec A.2).
-Each turn renders a turn chunk (`prompts.TurnPrompts`) around the env's observation, appends it to the KV
-cache and samples the response on the same cache (`sampler.generate`, so no turn re-reads the history),
-then the env parses the response (prefill included) and steps. Envs that are done stop generating; an env
-whose next turn would not fit in `max_len` tokens (chunk + `response_length` + closing) stops there and is
-marked `cut` (RAGEN instead drops the oldest turns, spec A.8). After the last turn each trajectory is closed
-with the chat format's end of turn, so decoding `tokens[:length]` gives exactly the chat text of its messages.
+B = num_groups * group_size envs are reset, the members of a group with the same key (same prompt,
+docs/prompts_and_parsing.md#batch-geometry-and-seeding). Each turn renders a turn chunk (`prompts.TurnPrompts`) around
+the env's observation, appends it to the KV cache and samples the response on the same cache (`sampler.generate`, so no
+turn re-reads the history), then the env parses the response (prefill included) and steps. Envs that are done stop
+generating; an env whose next turn would not fit in `max_len` tokens (chunk + `response_length` + closing) stops there
+and is marked `cut` (RAGEN instead drops the oldest turns,
+docs/prompts_and_parsing.md#context-length-and-turn-level-modes). After the last turn each trajectory is closed with the
+chat format's end of turn, so decoding `tokens[:length]` gives exactly the chat text of its messages.
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ class Trajectory:
     turn_taken: bool[B, T] the turn was generated. response_start, response_len: i32[B, T] buffer span of
       the sampled tokens of the turn. think_start, think_len: i32[B, T] buffer span of its reasoning
       (strictly inside <think>..</think>; length 0 when the response did not parse).
-    turn_reward: f32[B, T] env reward of the turn; format_ok: bool[B, T] (spec A.6).
-    episode_reward: f32[B] sum of turn rewards + format_penalty per taken turn without format_ok (spec A.6/A.7).
+    turn_reward: f32[B, T] env reward of the turn; format_ok: bool[B, T] (docs/prompts_and_parsing.md, format penalty).
+    episode_reward: f32[B] sum of turn rewards + format_penalty per taken turn without format_ok
+      (docs/rewards_and_objectives.md#episode-rewards).
     success: bool[B] the env's success predicate after the last taken turn; done: bool[B] the episode ended
       (terminated or action budget spent); cut: bool[B] stopped because the buffer was full.
     num_actions: i32[B] actions executed; group_ids: i32[B] the prompt group.
@@ -114,7 +117,8 @@ class Rollout:
         return other
 
     def _reset(self, reset_key: jax.Array, env_params):
-        """(obs, TurnState, group_ids i32[B]): members of a group share their reset key (spec A.2)."""
+        """(obs, TurnState, group_ids i32[B]): members of a group share their reset key (docs/prompts_and_parsing.md,
+        batch geometry)."""
         group_ids = jnp.repeat(jnp.arange(self.num_groups, dtype=jnp.int32), self.group_size)
         keys = jax.random.split(reset_key, self.num_groups)[group_ids]
         obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, env_params)

@@ -2,8 +2,9 @@
 
 The trajectory buffer is already laid out by position (token s at position s, right-padded), so the model
 inputs are the buffer itself; the loss mask marks the sampled tokens as *targets* (index t of the [B, L-1]
-arrays scores tokens[:, t + 1], as in `update.token_logprobs`). Unlike RAGEN (spec A.9), which also trains on
-the chat-template tokens around each assistant message, only the sampled tokens are trained (DESIGN rule 6).
+arrays scores tokens[:, t + 1], as in `update.token_logprobs`). Unlike RAGEN (docs/differences.md#sampled-tokens), which
+also trains on the chat-template tokens around each assistant message, only the sampled tokens are trained
+(docs/architecture.md, design rule 6).
 """
 from __future__ import annotations
 
@@ -23,6 +24,6 @@ def model_inputs(traj: Trajectory) -> tuple[jax.Array, jax.Array, jax.Array, jax
 
 
 def reasoning_spans(traj: Trajectory) -> ReasoningSpans:
-    """The per-turn reasoning spans of the collapse diagnostics (spec D.1/D.2)."""
+    """The per-turn reasoning spans of the collapse diagnostics (docs/diagnostics.md#sampling-families)."""
     return ReasoningSpans(tokens=traj.tokens, think_start=traj.think_start, think_len=traj.think_len,
                           turn_taken=traj.turn_taken, group_ids=traj.group_ids)

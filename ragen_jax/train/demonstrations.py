@@ -21,8 +21,8 @@ from ragen_jax.rollout.rollout import Rollout, Trajectory
 
 
 def response_text(reasoning: str, answer: str, enable_think: bool) -> str:
-    """A demonstrated response after the prefill (spec A.4/A.5 format): `{reasoning}</think><answer>{answer}
-    </answer>` with thinking, `{answer}</answer>` without."""
+    """A demonstrated response after the prefill (docs/prompts_and_parsing.md format):
+    `{reasoning}</think><answer>{answer}</answer>` with thinking, `{answer}</answer>` without."""
     answer_part = f"{answer}{tok_lib.ANSWER_CLOSE}"
     return f"{reasoning}{tok_lib.THINK_CLOSE}{tok_lib.ANSWER_OPEN}{answer_part}" if enable_think else answer_part
 

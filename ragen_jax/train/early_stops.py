@@ -1,4 +1,5 @@
-"""The host side of RAGEN's three early-stop rules (spec C.6), fed one step or evaluation at a time.
+"""The host side of RAGEN's three early-stop rules (docs/filtering.md#early-stops), fed one step or evaluation
+at a time.
 
     stops = EarlyStops(config.filter, num_success_keys)
     reason = stops.after_step(metrics)            # None, or why the run should stop

@@ -5,10 +5,10 @@
 Only this loop touches the host: it logs the step's metrics (console, `<logging.dir>/metrics.jsonl`,
 TensorBoard), validates the actor before training and every `train.test_freq` steps (`train.validation`, metrics
 under `val-env/` in the same step's row; step 0 is the untrained policy), saves checkpoints every
-`checkpoint.save_freq` steps and at the end, and runs RAGEN's early stops (spec C.6, `train.early_stops`); unlike
-RAGEN, which stops before that step's actor update, the step has already updated when the loop sees its metrics.
-The stop states travel in the checkpoints. The step key is the same every step (the step folds its own counter
-in), so a resumed run repeats an uninterrupted one exactly.
+`checkpoint.save_freq` steps and at the end, and runs RAGEN's early stops (docs/filtering.md#early-stops,
+`train.early_stops`); unlike RAGEN, which stops before that step's actor update, the step has already updated when the
+loop sees its metrics. The stop states travel in the checkpoints. The step key is the same every step (the step folds
+its own counter in), so a resumed run repeats an uninterrupted one exactly.
 
 The step runs on the mesh of `config.mesh` (`ragen_jax.sharding`): the batch split over data x fsdp, parameters
 and optimizer states split over fsdp; with one device that is the plain single-device step. Vectorised sweeps
@@ -131,7 +131,7 @@ def train(config, log: Callable[[str], None] | None = print) -> tuple[object, li
                 extra = {"early_stop": stops.to_json(), "metrics": metrics}
                 checkpointer.save(step, state, extra, force=reason is not None or step == total)
         if reason is not None:
-            _log(log, f"early stop at step {int(state.step)}: {reason} (spec C.6)")
+            _log(log, f"early stop at step {int(state.step)}: {reason} (docs/filtering.md#early-stops)")
     bar.close()
     if checkpointer is not None:
         checkpointer.close()

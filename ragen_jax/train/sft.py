@@ -1,4 +1,5 @@
-"""Supervised warm start on environment demonstrations (DESIGN rule 7): teach a from-scratch model the format.
+"""Supervised warm start on environment demonstrations (docs/architecture.md, design rule 7): teach a from-scratch model
+the format.
 
 Each SFT batch is a fresh batch of multi-turn demonstrations (`train.demonstrations`): the rollout's exact
 chat layout, every turn's response a demonstration (reasoning that restates the observation, then the oracle's

@@ -1,4 +1,4 @@
-"""One compiled training step (DESIGN, "The walk of one training step"; spec B.1):
+"""One compiled training step (docs/architecture.md#the-walk-of-one-training-step):
 
     rollout -> collapse diagnostics on the UNFILTERED batch -> normalised episode scores -> group filter
     (mask + compaction) -> old / reference log-probs, values -> token rewards (- KL) -> advantages
@@ -235,7 +235,8 @@ class TrainStep:
 
     def _advantages(self, token_rewards, values, loss_mask, kept: filtering.FilterResult, group_ids, hyper: Hyper,
                     num_groups: int, metrics: dict):
-        """(advantages, returns) f32[B, T] over the kept rows (spec B.2-B.5, C.5); adds metrics in place."""
+        """(advantages, returns) f32[B, T] over the kept rows (docs/rewards_and_objectives.md); adds metrics in
+        place."""
         a, f = self.config.algo, self.config.filter
         mask = loss_mask * kept.row_mask[:, None]
         if self.use_critic:
@@ -247,7 +248,8 @@ class TrainStep:
             row_scores = token_rewards.sum(axis=1)
             per_row = adv_lib.grpo(row_scores, group_ids, num_groups, a.norm_adv_by_std, lengths=lengths,
                                    row_mask=kept.row_mask)
-            if a.soft_advantage_reweight:  # GRPO only: it needs the per-group std (spec C.5)
+            # GRPO only: it needs the per-group std (docs/filtering.md#loss-scaling-and-soft-reweighting)
+            if a.soft_advantage_reweight:
                 group_std = filtering.group_stats(row_scores.reshape(num_groups, -1))["std"]
                 weights, reweight_metrics = filtering.soft_advantage_weights(group_std, kept.group_mask)
                 per_row = per_row * weights[group_ids]
@@ -269,10 +271,10 @@ class TrainStep:
 
     def _gradient_analysis(self, step, state: TrainState, key, rows: update.UpdateBatch, kept: filtering.FilterResult,
                            scores, group_ids, hyper: Hyper) -> dict[str, jax.Array]:
-        """Gradient-component norms by reward-variance bucket (spec E.3) every `diagnostics.grad_analysis_every`
-        steps (NaN on other steps; nothing when 0): on the kept rows of the training batch, or, with
-        `diagnostics.grad_analysis_num_groups` > 0, on a separate unfiltered rollout of that many groups (rolled
-        out only on analysis steps). Parameters are untouched."""
+        """Gradient-component norms by reward-variance bucket (docs/diagnostics.md#gradient-analysis) every
+        `diagnostics.grad_analysis_every` steps (NaN on other steps; nothing when 0): on the kept rows of the training
+        batch, or, with `diagnostics.grad_analysis_num_groups` > 0, on a separate unfiltered rollout of that many groups
+        (rolled out only on analysis steps). Parameters are untouched."""
         options = self.grad_options
         if options.every <= 0:
             return {}

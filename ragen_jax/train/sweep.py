@@ -1,4 +1,5 @@
-"""Vectorised sweeps: S runs that differ only in traced values, trained by ONE compiled step (DESIGN rule 3).
+"""Vectorised sweeps: S runs that differ only in traced values, trained by ONE compiled step (docs/architecture.md,
+design rule 3).
 
     points = grid({"filter.value": [0.25, 0.5, 1.0], "train.seed": [0, 1]})     # 6 members
     state, histories = Sweep(config, points).run()                              # histories[i]: member i's rows
@@ -12,11 +13,11 @@ once per distinct seed), same keys, so members with equal seeds see common rando
 
 Differences from S separate runs, by construction of vmap: the step counter is shared (all members run
 `train.total_steps` unless stopped); a branch that some member takes runs for all and is discarded for the others by
-a select (`sharding.sweep_max`). Early stops (spec C.6) apply per member: a stopped member's state is held from then
-on and its rows end (`<logging.dir>/sweep.json` lists each stop); the sweep ends when every member has stopped or at
-`train.total_steps`. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`; checkpoints (`checkpoint.dir`) hold
-the stacked state. Metrics come back replicated, so the host loop also runs multi-host as `train.loop.train` does
-(tested there for single runs only).
+a select (`sharding.sweep_max`). Early stops (docs/filtering.md#early-stops) apply per member: a stopped member's state
+is held from then on and its rows end (`<logging.dir>/sweep.json` lists each stop); the sweep ends when every member has
+stopped or at `train.total_steps`. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`; checkpoints
+(`checkpoint.dir`) hold the stacked state. Metrics come back replicated, so the host loop also runs multi-host as
+`train.loop.train` does (tested there for single runs only).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ SWEEPABLE = ("filter.value", "filter.eps", "algo.gamma", "algo.lam", "algo.high_
              "algo.kl_loss_coef", "algo.entropy_coeff", "algo.clip_ratio_low", "algo.clip_ratio_high",
              "algo.clip_ratio_c", "algo.value_clip", "optim.actor_lr", "optim.critic_lr", "rollout.temperature",
              "rollout.top_p", "env.success_rate", "train.seed",
-             # host-side early-stop rules (spec C.6), applied per member
+             # host-side early-stop rules (docs/filtering.md#early-stops), applied per member
              "filter.empty_stop_steps", "filter.rv_collapse_window", "filter.rv_collapse_ratio",
              "filter.val_success_floor", "filter.val_success_patience")
 
@@ -254,10 +255,11 @@ class Sweep:
                 rows[i].update(member)
 
     def _stop(self, fired: list[dict], member: int, step: int, reason: str | None) -> None:
-        """Records a member's first early stop (spec C.6): from the next step on its state is held."""
+        """Records a member's first early stop (docs/filtering.md#early-stops): from the next step on its state is
+        held."""
         if reason is not None and not fired[member]:
             fired[member].update(step=step, reason=reason)
-            self._log(f"[{self.names[member]}] early stop at step {step}: {reason} (spec C.6)")
+            self._log(f"[{self.names[member]}] early stop at step {step}: {reason} (docs/filtering.md#early-stops)")
 
     def _log(self, text: str) -> None:
         if self.log is not None:

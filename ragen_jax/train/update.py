@@ -1,4 +1,5 @@
-"""The update phase of one training step: critic and actor optimisation over a compacted batch (spec B.1, B.4, B.6).
+"""The update phase of one training step: critic and actor optimisation over a compacted batch
+(docs/rewards_and_objectives.md#the-update-phase).
 
 Pure and jittable. The batch arrives COMPACTED (`ragen_jax.filtering.compact`): rows [0, kept_rows) are the
 kept rows, the rest were dropped by the filter. Epochs x minibatches run as nested `lax.scan`s over
@@ -6,14 +7,15 @@ consecutive row blocks (verl's unshuffled `batch.split`); a minibatch whose firs
 `kept_rows` is skipped with `lax.cond` (no forward, backward or optimizer step), so filtering saves
 compute. Dropped rows inside a partly kept minibatch are masked out of every loss.
 
-Differences from RAGEN/verl, deliberate (spec I.12): RAGEN pads a filtered batch to a multiple of the
-minibatch size with randomly duplicated rows that then count twice; here the last partial minibatch is
-simply smaller (masked). With micro-batches (gradient accumulation) the minibatch loss is the mean of the
+Differences from RAGEN/verl, deliberate (docs/differences.md#compaction-instead-of-duplicates): RAGEN pads a filtered
+batch to a multiple of the minibatch size with randomly duplicated rows that then count twice; here the last partial
+minibatch is simply smaller (masked). With micro-batches (gradient accumulation) the minibatch loss is the mean of the
 micro-batch losses over micro-batches that hold a kept row (verl divides by the fixed micro-batch count).
 
 Model functions are generic: `logits_fn(params, tokens, positions, attention_mask) -> f32[B, T, V]` and
 `values_fn(params, tokens, positions, attention_mask) -> f32[B, T]` must be causal; they are called on the
-first L-1 tokens, whose outputs score the (B, L-1) targets `tokens[:, 1:]` (spec A.9).
+first L-1 tokens, whose outputs score the (B, L-1) targets `tokens[:, 1:]`
+(docs/prompts_and_parsing.md#token-layout-and-the-loss-mask).
 """
 from __future__ import annotations
 
@@ -157,7 +159,7 @@ def token_logprobs(logits_fn: LogitsFn, params, tokens, positions, attention_mas
     """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
 
     The same code scores old log-probs before the update and new ones inside it, so the ratio is 1 on the
-    first minibatch up to float32 rounding (design rule 6).
+    first minibatch up to float32 rounding (docs/architecture.md, design rule 6).
     """
     logits = logits_fn(params, *_inputs(tokens, positions, attention_mask))
     return logprobs_and_entropy(logits, tokens[:, 1:], temperature, vocab_chunk)
@@ -270,7 +272,8 @@ def run_minibatches(loss_fn, params, opt_state, batch: UpdateBatch, kept_rows, l
 
 def actor_update(logits_fn: LogitsFn, params, opt_state, batch: UpdateBatch, kept_rows, hyper: ActorHyper,
                  config: UpdateConfig):
-    """Actor phase: loss = pg_loss - entropy_coeff * entropy [+ kl_loss_coef * kl] (spec B.6).
+    """Actor phase: loss = pg_loss - entropy_coeff * entropy [+ kl_loss_coef * kl]
+    (docs/rewards_and_objectives.md#policy-loss).
 
     Args:
       logits_fn: causal `(params, tokens, positions, attention_mask) -> f32[B, T, V]`.
@@ -289,7 +292,8 @@ def actor_update(logits_fn: LogitsFn, params, opt_state, batch: UpdateBatch, kep
 
 def critic_update(values_fn: ValuesFn, params, opt_state, batch: UpdateBatch, kept_rows, hyper: CriticHyper,
                   config: UpdateConfig):
-    """Critic phase: clipped value loss (spec B.4); same minibatch loop and skipping as `actor_update`.
+    """Critic phase: clipped value loss (docs/rewards_and_objectives.md#value-loss); same minibatch loop and skipping as
+    `actor_update`.
 
     Returns (params, opt_state, metrics): critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean,
     critic/grad_norm, critic/lr, critic/num_updates, critic/nonfinite_skips.

@@ -1,4 +1,5 @@
-"""Validation rollouts (spec A.2 "Validation", C.6 item 3): the same prompts every evaluation, metrics under `val-env/`.
+"""Validation rollouts (docs/prompts_and_parsing.md#batch-geometry-and-seeding): the same prompts every evaluation,
+metrics under `val-env/`.
 
     validator = Validator(config, env, tokenizer, model_config, chat_format)
     evaluate = jax.jit(validator)                       # compiled once; params change, shapes do not
@@ -25,8 +26,9 @@ the env's name as tag) prefixed by `val-env/`, e.g. `val-env/frozen_lake/success
 metric the same way), so no validation key collides with a training key.
 
 Difference from RAGEN's inference prompts: none for validation. The "No valid action provided previously..."
-warning (spec A.4) is in every rollout here, validation and training alike; RAGEN drops it only when it rebuilds
-training sequences (spec I.9), which is the training rollout's concern, not this module's.
+warning (docs/prompts_and_parsing.md) is in every rollout here, validation and training alike; RAGEN drops it only when
+it rebuilds training sequences (docs/differences.md#prompts), which is the training rollout's concern, not this
+module's.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def should_validate(step: int, test_freq: int, total_steps: int) -> bool:
 
 def success_keys(metrics) -> list[str]:
     """The sorted `val-env/<tag>/success` keys of `metrics` (a dict or its keys): the per-env success rates
-    that `filtering.validation_success_update` takes, in a fixed order (spec C.6 item 3)."""
+    that `filtering.validation_success_update` takes, in a fixed order (docs/filtering.md#early-stops, rule 3)."""
     return sorted(k for k in metrics if k.startswith(PREFIX + "/") and k.endswith("/success"))
 
 
