@@ -1,5 +1,6 @@
-"""configs/paper.py against the experiment table of spec C.8 / B.8: each protocol's settings, its sweep grid
-(sweepable keys only, every point valid), command-line loading with a protocol argument, clear errors."""
+"""configs/paper.py against the experiment table of docs/filtering.md#settings-used-in-the-paper: each protocol's
+settings, its sweep grid (sweepable keys only, every point valid), command-line loading with a protocol argument, clear
+errors."""
 from __future__ import annotations
 
 import os
@@ -67,7 +68,7 @@ def test_grids_are_sweepable_and_valid():
         for point in grid(axes):
             config_lib.validate(apply_overrides(load(protocol_of[name]), point), num_devices=1)
     assert [p["env.success_rate"] for p in grid(paper.GRIDS["frozenlake_slip"])] == pytest.approx([
-        1 - slip for slip in (0.0, 0.02, 0.05, 0.2, 0.5, 0.8, 1.0)])  # spec G.5's slip probabilities
+        1 - slip for slip in (0.0, 0.02, 0.05, 0.2, 0.5, 0.8, 1.0)])  # the slip probabilities of docs/differences.md
 
 
 def test_command_line_protocol_argument():

@@ -1,6 +1,7 @@
 """configs/{bandit,frozen_lake,sokoban,countdown}.py: the accelerator setting is RAGEN-2's main-table protocol on
-that env (spec C.8, F), the tiny setting builds a runnable CPU step (every length fits one turn), and a bad
-setting name is a clear error. Loaded through the command line as users do (`--config=configs/x.py:tiny`)."""
+that env (docs/filtering.md, docs/environments.md), the tiny setting builds a runnable CPU step (every length fits one
+turn), and a bad setting name is a clear error. Loaded through the command line as users do
+(`--config=configs/x.py:tiny`)."""
 from __future__ import annotations
 
 import pytest

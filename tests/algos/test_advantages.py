@@ -1,4 +1,4 @@
-"""Advantage estimators against the worked examples of spec B.2, B.3, B.5 and loop references in numpy."""
+"""Advantage estimators against the worked examples of docs/rewards_and_objectives.md and loop references in numpy."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +11,7 @@ bi_level_jit = jax.jit(bi_level_gae, static_argnames="whiten")
 
 
 def np_gae(r, v, m, gamma, lam):
-    """The backward loop of spec B.2, row by row."""
+    """The backward loop of docs/rewards_and_objectives.md#gae, row by row."""
     adv = np.zeros_like(r)
     for b in range(r.shape[0]):
         nextv = lastgae = 0.0
@@ -30,7 +30,8 @@ def np_whiten(x, m):
 
 
 def np_bi_level(r, v, m, gamma, lam, gamma_high):
-    """RAGEN's loops (spec B.3) with the end-of-row guard (bootstrap 0 after the last masked token)."""
+    """RAGEN's loops (docs/rewards_and_objectives.md#bi-level-gae) with the end-of-row guard (bootstrap 0 after the last
+    masked token)."""
     adv, ret, upd = np.zeros_like(r), np.zeros_like(r), r.copy()
     for b in range(r.shape[0]):
         eos = list(np.nonzero(r[b])[0])
@@ -118,7 +119,7 @@ def test_bi_level_gae_matches_loop_reference_and_guards_zero_reward():
 
 
 def test_bi_level_equals_gae_with_only_a_final_reward():
-    # spec B.3 caveat (b): use_turn_scores=False puts the reward on the last token only.
+    # docs/rewards_and_objectives.md#bi-level-gae: with the reward on the last token only it is plain GAE.
     rng = np.random.default_rng(2)
     r = np.zeros((2, 8), np.float32)
     r[:, -1] = [1.0, -2.0]

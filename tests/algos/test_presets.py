@@ -1,11 +1,12 @@
-"""Presets of spec B.8 / C.8 applied to the locked base config, checked key by key and validated."""
+"""Presets (docs/rewards_and_objectives.md#presets, docs/filtering.md) applied to the locked base config, checked key by
+key and validated."""
 import pytest
 
 from configs.base import get_config
 from ragen_jax.algos.presets import ALGORITHM_PRESETS, apply_overrides, kl_overrides, preset_config
 from ragen_jax.config import ALGORITHMS, validate
 
-# spec B.8: adv_estimator, norm by std, loss_agg_mode (clip 0.2 / 0.28 and KL off for all)
+# docs/rewards_and_objectives.md#presets: adv_estimator, norm by std, loss_agg_mode (clip 0.2 / 0.28 and KL off for all)
 TABLE = {
     "ppo": ("gae", None, "token-mean"),
     "dapo": ("gae", None, "token-mean"),

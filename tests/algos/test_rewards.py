@@ -1,4 +1,4 @@
-"""Reward normalisation (spec A.7) against a numpy reference, and last-token placement (spec A.9)."""
+"""Reward normalisation and last-token placement (docs/rewards_and_objectives.md) against a numpy reference."""
 import numpy as np
 import pytest
 

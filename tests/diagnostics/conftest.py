@@ -1,4 +1,4 @@
-"""Shared helpers of the diagnostics tests: an independent numpy reference of spec D.4 / D.5."""
+"""Shared helpers of the diagnostics tests: an independent numpy reference of the MI proxies (docs/diagnostics.md)."""
 import math
 
 import numpy as np
@@ -64,5 +64,5 @@ def _reference(lp, lps, true_col, sig, ema_std=None, ema_std_seq=None, eps=1e-3,
 
 @pytest.fixture(scope="session")
 def collapse_reference():
-    """The numpy reference of spec D.4/D.5 (RAGEN's computation order), as a function."""
+    """The numpy reference of docs/diagnostics.md (RAGEN's computation order), as a function."""
     return _reference

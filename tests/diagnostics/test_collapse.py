@@ -1,4 +1,4 @@
-"""collapse_metrics against the worked example of spec D.8, a numpy reference of D.4/D.5, and generative batches."""
+"""collapse_metrics against the worked example of docs/diagnostics.md, a numpy reference, and generative batches."""
 import math
 
 import jax
@@ -20,7 +20,7 @@ def _run(logp_mean, logp_sum, true_col, sig, row_valid, ema, col_valid=None):
     return {k: float(v) for k, v in out.items()}, new_ema
 
 
-# ---------------------------------------------------------------- spec D.8
+# ---------------------------------------------------------------- docs/diagnostics.md#worked-example
 def test_worked_example_healthy():
     lp = np.array([[-1.0, -2.0], [-1.2, -1.5], [-2.5, -0.8], [-1.1, -1.0]])
     m, ema = _run(lp, 10 * lp, [0, 0, 1, 1], [0, 1], [True] * 4, collapse.init_ema())
@@ -49,7 +49,7 @@ def test_worked_example_collapsed():
 
 
 def test_duplicate_signature_chance_example():
-    """Spec D.5: columns [A, A, B, C], one row per column -> chance 0.375."""
+    """docs/diagnostics.md#retrieval-accuracy: columns [A, A, B, C], one row per column -> chance 0.375."""
     lp = -np.random.default_rng(0).random((4, 4))
     m, _ = _run(lp, lp, [0, 1, 2, 3], [7, 7, 3, 9], [True] * 4, collapse.init_ema())
     assert m["retrieval_chance_level"] == pytest.approx(0.375)

@@ -1,4 +1,5 @@
-"""Gradient-component analysis: bucket rules (spec E.3), gradient decomposition, per-bucket metrics."""
+"""Gradient-component analysis: bucket rules (docs/diagnostics.md#gradient-analysis), gradient decomposition, per-bucket
+metrics."""
 import functools
 import math
 

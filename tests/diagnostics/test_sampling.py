@@ -1,4 +1,5 @@
-"""The two sampling families (spec D.2), signatures, the cadence gate and the end-to-end glue."""
+"""The two sampling families (docs/diagnostics.md#sampling-families), signatures, the cadence gate and the end-to-end
+glue."""
 import math
 
 import jax

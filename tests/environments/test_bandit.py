@@ -1,4 +1,5 @@
-"""Bandit (spec F.3, quirk I.14 fixed): prompts from the reset key only, payout distribution, validity."""
+"""Bandit (docs/environments.md#bandit; RAGEN's per-instance seeding not copied): prompts from the reset key only,
+payout distribution, validity."""
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -1,4 +1,5 @@
-"""FrozenLake (spec F.2) against a numpy BFS, a Python render of RAGEN's text, gymnax and gymnasium."""
+"""FrozenLake (docs/environments.md#frozenlake) against a numpy BFS, a Python render of RAGEN's text, gymnax and
+gymnasium."""
 from collections import deque
 
 import gymnasium

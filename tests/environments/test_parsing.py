@@ -1,4 +1,5 @@
-"""The in-graph parser against a Python `re` reference of RAGEN's `_parse_response` (spec A.5)."""
+"""The in-graph parser against a Python `re` reference of RAGEN's `_parse_response`
+(docs/prompts_and_parsing.md#response-parsing)."""
 import functools
 import re
 

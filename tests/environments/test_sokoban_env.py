@@ -1,4 +1,5 @@
-"""Sokoban TextEnv (spec F.1): RAGEN's grid_coord text, step through parsed responses, solver-driven oracle."""
+"""Sokoban TextEnv (docs/environments.md#sokoban): RAGEN's grid_coord text, step through parsed responses, solver-driven
+oracle."""
 import math
 
 import jax
@@ -122,7 +123,8 @@ def test_min_solution_length_param(sokoban):
 
 
 def apply_reference(codes, text, max_actions):
-    """RAGEN's parse (spec A.5) + execution of valid actions until solved, on the gym-sokoban reference."""
+    """RAGEN's parse (docs/prompts_and_parsing.md) + execution of valid actions until solved, on the gym-sokoban
+    reference."""
     answer = text.split("<answer>")[1].split("</answer>")[0]
     parts = [p.strip() for p in answer.split("||") if p.strip()][:max_actions]
     lookup = {w.lower(): i for i, w in enumerate(dynamics.ACTION_WORDS)}

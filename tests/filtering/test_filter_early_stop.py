@@ -1,4 +1,5 @@
-"""Early-stop state machines (spec C.6) against a transcription of RAGEN's trainer bookkeeping on synthetic sequences."""
+"""Early-stop state machines (docs/filtering.md#early-stops) against a transcription of RAGEN's trainer bookkeeping
+on synthetic sequences."""
 import collections
 
 import jax

@@ -1,4 +1,4 @@
-"""Compaction, filter metrics (RAGEN names), loss scaling and soft reweighting (spec C.5, C.7, C.10 item 3)."""
+"""Compaction, filter metrics (RAGEN names), loss scaling and soft reweighting (docs/filtering.md)."""
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -1,4 +1,5 @@
-"""`select_groups` / `group_scores` against spec C.4 (table and RAGEN's own cases), C.10 and a numpy reference of C.3."""
+"""`select_groups` / `group_scores` against the worked examples of docs/filtering.md (table and RAGEN's own cases)
+and a numpy reference of its selection rules."""
 import functools
 import itertools
 
@@ -84,13 +85,15 @@ def test_spec_c10_items():
     # 5: eps effect: [1, 0.0001] @ 0.9 -> thr = 0.90009 - 0.01 < 1 keeps only group 0; without eps, both.
     assert select([1.0, 0.0001], "top_p", 0.9, "largest", False, "linear") == {0}
     assert select([1.0, 0.1], "top_p", 0.95, "largest", False, "linear", eps=0.0) == {0, 1}
-    # Linear + smallest + a zero score with include_zero=True is empty (spec C.3 edge); the web figure's A/C/B.
+    # Linear + smallest + a zero score with include_zero=True is empty (docs/filtering.md, group selection); the web
+    # figure's A/C/B.
     assert select([1.0, 0.0, 2.0], "top_p", 0.5, "smallest", True, "linear") == set()
     assert select([9.0, 1.0, 5.0], "top_p", 0.9, "largest", True, "linear") == {0, 2}
 
 
 # ---------------------------------------------------------------------------------------------
-# numpy reference of spec C.3 (stable sorts: ties by lower index), float32 like RAGEN's tensors.
+# numpy reference of docs/filtering.md#group-selection (stable sorts: ties by lower index), float32 like RAGEN's
+# tensors.
 
 
 def reference(scores, strategy, value, ftype, include_zero, mode, eps):
@@ -219,6 +222,6 @@ def test_group_scores_per_metric():
     for metric, want in expected.items():
         np.testing.assert_allclose(group_scores(jnp.asarray(values), metric), want, rtol=1e-6)
     assert float(group_scores(jnp.asarray(values[:1]), "reward_variance")[0]) == pytest.approx(0.5774, abs=1e-4)
-    sokoban = np.array([[10.5, -1, 10.7, -1] + [-1] * 12], np.float32)  # spec C.4: mean 0.45, std 3.962
+    sokoban = np.array([[10.5, -1, 10.7, -1] + [-1] * 12], np.float32)  # docs/filtering.md: mean 0.45, std 3.962
     assert float(group_scores(jnp.asarray(sokoban), "reward_variance")[0]) == pytest.approx(3.962, abs=1e-3)
     assert float(group_scores(jnp.asarray(sokoban), "reward")[0]) == pytest.approx(0.45, abs=1e-5)

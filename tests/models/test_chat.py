@@ -71,7 +71,7 @@ def test_render_matches_apply_chat_template(hf_tokenizer, fmt, template, add_gen
         expect = hf_tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
         assert fmt.render(conversation, add_generation_prompt=add_generation_prompt) == expect
-        if add_generation_prompt:  # spec A.4: the prefill string is appended to the rendered prompt
+        if add_generation_prompt:  # docs/prompts_and_parsing.md: the prefill string is appended to the rendered prompt
             assert fmt.render(conversation, True, prefill=chat.prefill(True)) == expect + "<think>"
             assert fmt.render(conversation, True, prefill=chat.prefill(False)) == expect + "<answer>"
 

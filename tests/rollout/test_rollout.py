@@ -103,7 +103,7 @@ def test_scripted_policy_matches_host_replay(setup):
         assert traj.response_len[b, t] == len(tokenizer.encode(SCRIPT)) - 1 + 1  # minus the prefill, plus the stop
         span = traj.tokens[b, traj.think_start[b, t]:traj.think_start[b, t] + traj.think_len[b, t]]
         assert tokenizer.decode(span) == REASONING
-        # the reasoning's prompt is everything before it, "<think>" last (spec D.1)
+        # the reasoning's prompt is everything before it, "<think>" last (docs/diagnostics.md)
         assert tokenizer.decode(traj.tokens[b, :traj.think_start[b, t]]).endswith("<|assistant|><think>")
     # greedy + same reset key per group: group members have identical trajectories
     for g in range(GROUPS):

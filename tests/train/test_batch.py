@@ -1,5 +1,6 @@
 """Trajectory -> model inputs and reasoning spans: the training forward re-scores exactly what was sampled
-(DESIGN rule 6), and a template policy shows zero mutual information in the collapse diagnostics (spec D)."""
+(docs/architecture.md, design rule 6), and a template policy shows zero mutual information in the collapse
+diagnostics (docs/diagnostics.md)."""
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,8 @@ def test_training_forward_rescores_the_sampled_tokens():
 
 
 def test_template_policy_has_zero_mutual_information():
-    """Template collapse (spec D): the scripted policy (high-entropy next-token distributions, the script as their
-    argmax) greedily answers the same reasoning after every prompt, and its log-probs do not depend on the
+    """Template collapse (docs/diagnostics.md): the scripted policy (high-entropy next-token distributions, the script
+    as their argmax) greedily answers the same reasoning after every prompt, and its log-probs do not depend on the
     prompt: both collapse families report H(Z|X) > 0 and MI 0, with valid reasoning on every turn."""
     setup = tiny_setup()
     tokenizer, config = setup[0], setup[3]

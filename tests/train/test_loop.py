@@ -1,5 +1,5 @@
 """The host loop: SFT warm start, steps, metrics.jsonl and checkpoints; a resumed run repeats an uninterrupted one
-exactly (DESIGN rule 10); the demo config and the report script work."""
+exactly (docs/architecture.md, design rule 10); the demo config and the report script work."""
 from __future__ import annotations
 
 import json
@@ -74,7 +74,7 @@ EMPTY_FILTER = {"rollout.temperature": 0.0, "filter.include_zero": False, "filte
 @pytest.fixture(scope="module")
 def empty_filter_run(tmp_path_factory):
     """Greedy rollouts give every member of a group the same trajectory (zero reward variance); with zero-variance
-    groups excluded the filter keeps nothing, and one such step is enough to stop (spec C.6). fsdp = 2 over 2
+    groups excluded the filter keeps nothing, and one such step is enough to stop (docs/filtering.md). fsdp = 2 over 2
     devices: parameters split, the batch split over both."""
     run_dir, lines = str(tmp_path_factory.mktemp("empty_filter")), []
     state, history = train(config_for(run_dir, **EMPTY_FILTER), log=lines.append)
@@ -99,7 +99,7 @@ def _free_port() -> int:
 
 
 def test_two_processes_repeat_the_one_process_run(empty_filter_run, tmp_path):
-    """The same run as two processes of one CPU device each (jax.distributed over gloo, DESIGN rule 4): fsdp now
+    """The same run as two processes of one CPU device each (jax.distributed over gloo, design rule 4): fsdp now
     splits the parameters across processes. Both processes see the one-process run's metrics; only process 0
     writes metrics and prints; the checkpoint is written by both together."""
     _, _, expected, _ = empty_filter_run
@@ -129,7 +129,7 @@ def test_two_processes_repeat_the_one_process_run(empty_filter_run, tmp_path):
 
 def test_low_validation_success_stops_before_training(tmp_path):
     """Every success rate is below a floor of 1.1, so with patience 1 the evaluation before training stops the run
-    (spec C.6 item 3): no step runs, and the step-0 row holds the validation metrics."""
+    (docs/filtering.md#early-stops, rule 3): no step runs, and the step-0 row holds the validation metrics."""
     lines = []
     config = config_for(str(tmp_path), **{"filter.val_success_floor": 1.1, "filter.val_success_patience": 1,
                                           "train.sft_steps": 0, "checkpoint.dir": ""})

@@ -109,7 +109,7 @@ def test_fully_dropped_batch_leaves_params_and_optimizer_unchanged():
 
 
 def naive_actor_loss(params, batch, hyper, mode):
-    """spec B.6 written out with log_softmax (no streaming, no custom gradient)."""
+    """docs/rewards_and_objectives.md#policy-loss written out with log_softmax (no streaming, no custom gradient)."""
     logits = logits_fn(params, batch.tokens[:, :-1], batch.positions[:, :-1], batch.attention_mask[:, :-1])
     logsm = jax.nn.log_softmax(logits / hyper.temperature, -1)
     logp = jnp.take_along_axis(logsm, batch.tokens[:, 1:, None], -1)[..., 0]
