@@ -26,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ragen_jax import metrics as metrics_lib  # noqa: E402
 from ragen_jax.train.metrics import read_metrics  # noqa: E402
 
 PANELS = (
@@ -307,13 +308,6 @@ def plot_heatmap(groups: dict[str, list[list[dict]]], key: str, out: str) -> str
     return out
 
 
-def read_sweep(folder: str) -> dict[str, list[dict]]:
-    """{member name: metrics rows} of a sweep folder written by `ragen_jax.train.sweep`."""
-    with open(os.path.join(folder, "sweep.json"), encoding="utf-8") as f:
-        names = json.load(f)["names"]
-    return {name: read_metrics(os.path.join(folder, name)) for name in names}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("metrics", help="a metrics.jsonl written by the training loop, or a sweep folder")
@@ -321,8 +315,8 @@ def main() -> None:
     parser.add_argument("--group-by", default=None,
                         help="a sweep key (e.g. filter.value): one line per value, mean and std over the other axes")
     args = parser.parse_args()
-    if os.path.isdir(args.metrics) and os.path.exists(os.path.join(args.metrics, "sweep.json")):
-        members = read_sweep(args.metrics)
+    if metrics_lib.is_sweep(args.metrics):
+        members = metrics_lib.sweep_rows(args.metrics)
         if args.group_by:
             groups = group_members(members, args.group_by)
             out = args.out or os.path.join(args.metrics, f"report_by_{args.group_by}.png")

@@ -133,3 +133,18 @@ def test_bad_input_fails_early(tmp_path):
         with pytest.raises(ValueError, match="'name'"):
             writer.write(1, {"name": "ppo"})
     assert not (tmp_path / METRICS_FILE).exists()
+
+
+def test_columns_of_a_run_fill_missing_values_with_nan(tmp_path):
+    from ragen_jax import metrics as metrics_lib
+
+    with MetricsWriter(str(tmp_path), tensorboard=False) as writer:
+        writer.write(0, {"val/success": 0.25})
+        writer.write(1, {"train/success": 0.5, "actor/loss": float("inf")})
+        writer.write(2, {"train/success": 0.75, "val/success": 0.5})
+    history = metrics_lib.load(str(tmp_path))
+    assert history["step"].dtype == np.int64 and list(history["step"]) == [0, 1, 2]
+    np.testing.assert_array_equal(history["val/success"], [0.25, np.nan, 0.5])
+    np.testing.assert_array_equal(history["train/success"], [np.nan, 0.5, 0.75])
+    assert np.isnan(history["actor/loss"][1])  # non-finite values are stored as null, read back as NaN
+    assert not metrics_lib.is_sweep(str(tmp_path))

@@ -14,6 +14,7 @@ import pytest
 from configs import base
 from experiments import report
 from ragen_jax import config as config_lib
+from ragen_jax import metrics as metrics_lib
 from ragen_jax.algos import presets
 from ragen_jax.train import sweep as sweep_lib
 from ragen_jax.train.metrics import read_metrics
@@ -80,8 +81,11 @@ def test_members_match_the_plain_step(tmp_path):
         summary = json.load(f)
     assert summary["names"] == NAMES and summary["early_stop"][0] == {}
     assert summary["early_stop"][1]["step"] == 1 and "validation success" in summary["early_stop"][1]["reason"]
-    members = report.read_sweep(run_dir)
+    members = metrics_lib.sweep_rows(run_dir)
     assert list(members) == sweep.names and report.env_name(members[sweep.names[0]]) == "frozen_lake"
+    columns = metrics_lib.load(run_dir)  # the notebook view: one dict of columns per member
+    assert list(columns) == sweep.names and list(columns[sweep.names[1]]["step"]) == [0, 1]
+    assert columns[sweep.names[0]]["actor/pg_loss"][2] == pytest.approx(histories[0][1]["actor/pg_loss"])
     assert os.path.getsize(report.plot_members(members, str(tmp_path / "report.png"))) > 10_000
 
     # interrupted after step 1: the resumed sweep repeats step 2 exactly (same compiled program, restored state and
