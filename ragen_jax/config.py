@@ -45,6 +45,14 @@ NON_NEGATIVE_KEYS = (
     "rollout.temperature",
     "rollout.val_temperature",
     "filter.eps",
+    # schedules and counts where 0 means off / "the default"
+    "train.total_steps",
+    "train.test_freq",
+    "train.sft_steps",
+    "diagnostics.collapse_every",
+    "diagnostics.grad_analysis_every",
+    "diagnostics.grad_analysis_num_groups",
+    "diagnostics.grad_analysis_group_size",
 )
 POSITIVE_INT_KEYS = (
     "rollout.num_groups",
@@ -61,6 +69,10 @@ POSITIVE_INT_KEYS = (
     "diagnostics.num_samples",
     "mesh.fsdp",
     "mesh.sweep",
+    "checkpoint.save_freq",
+    "checkpoint.max_to_keep",
+    "logging.every",
+    "diagnostics.grad_analysis_num_buckets",
 )
 
 
@@ -155,6 +167,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         )
     if group_size < 2 and config.algo.adv_estimator == "grpo":
         raise ConfigError("rollout.group_size", group_size, "the grpo advantage estimator needs a group_size >= 2")
+    if config.diagnostics.grad_analysis_group_size == 1:
+        raise ConfigError("diagnostics.grad_analysis_group_size", 1,
+                          "a group's reward variance needs at least 2 rollouts (0 = rollout.group_size)")
     if not 0.0 <= config.train.sft_oracle_prob <= 1.0:
         raise ConfigError("train.sft_oracle_prob", config.train.sft_oracle_prob, "must be a probability in [0, 1]")
     if config.train.sft_batch_size < 0:

@@ -161,6 +161,31 @@ def test_turn_and_action_limits(config, key):
         cfg.validate(config, num_devices=8)
 
 
+@pytest.mark.parametrize("key", ["checkpoint.save_freq", "checkpoint.max_to_keep", "logging.every",
+                                 "diagnostics.grad_analysis_num_buckets"])
+def test_frequencies_and_counts_below_one_are_refused(config, key):
+    _set(config, key, 0)
+    with pytest.raises(cfg.ConfigError, match=f"config.{key} = 0 is invalid: must be >= 1"):
+        cfg.validate(config, num_devices=8)
+
+
+@pytest.mark.parametrize("key", ["train.total_steps", "train.test_freq", "train.sft_steps",
+                                 "diagnostics.collapse_every", "diagnostics.grad_analysis_every",
+                                 "diagnostics.grad_analysis_num_groups", "diagnostics.grad_analysis_group_size"])
+def test_negative_schedules_are_refused_zero_means_off(config, key):
+    _set(config, key, 0)
+    cfg.validate(config, num_devices=8)
+    _set(config, key, -1)
+    with pytest.raises(cfg.ConfigError, match=f"config.{key} = -1 is invalid: must be >= 0"):
+        cfg.validate(config, num_devices=8)
+
+
+def test_gradient_analysis_groups_need_two_rollouts(config):
+    config.diagnostics.grad_analysis_group_size = 1
+    with pytest.raises(cfg.ConfigError, match="grad_analysis_group_size = 1 .*at least 2 rollouts"):
+        cfg.validate(config, num_devices=8)
+
+
 def test_command_line_overrides():
     config = cfg.load(["prog", f"--config={BASE_FILE}", "--config.filter.value=0.9", "--config.algo.name=grpo"])
     assert config.filter.value == 0.9 and config.algo.name == "grpo"
