@@ -47,6 +47,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["ragen_jax", "ragen_jax.*", "environments", "environments.*", "configs", "configs.*"]),
+    package_data={"configs": ["warm_starts/*/*"]},  # the demo's shipped warm start (config.json + safetensors)
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES, "bench": TEST_REQUIRES + BENCH_REQUIRES},
 )

@@ -49,6 +49,8 @@ def env_name(rows: list[dict]) -> str:
 
 def label(key: str) -> str:
     """A short legend entry: the collapse family and metric, or the metric without its section."""
+    if key.startswith("val-env/"):
+        return "validation " + key.rsplit("/", 1)[-1]
     if key.startswith("collapse_"):
         return key.removeprefix("collapse_").replace("_sample/", "/")
     return key.split("/", 1)[-1]
