@@ -99,10 +99,13 @@ def member_values(name: str) -> dict[str, str]:
 
 
 def group_members(members: dict[str, list[dict]], key: str) -> dict[str, list[list[dict]]]:
-    """{value of `key`: [rows of each member with that value]}, e.g. key `filter.value` pools the seeds."""
+    """{values of `key`: [rows of each member with those values]}, e.g. key `filter.value` pools the seeds;
+    `key` may name several sweep keys, comma-separated (`filter.value,algo.entropy_coeff`)."""
+    keys = key.split(",")
     groups: dict[str, list[list[dict]]] = {}
     for name, rows in members.items():
-        groups.setdefault(f"{key}={member_values(name)[key]}", []).append(rows)
+        values = member_values(name)
+        groups.setdefault(",".join(f"{k}={values[k]}" for k in keys), []).append(rows)
     return groups
 
 
@@ -315,7 +318,8 @@ def main() -> None:
     parser.add_argument("metrics", help="a metrics.jsonl written by the training loop, or a sweep folder")
     parser.add_argument("--out", default=None, help="PNG path (default: report.png in the run or sweep folder)")
     parser.add_argument("--group-by", default=None,
-                        help="a sweep key (e.g. filter.value): one line per value, mean and std over the other axes")
+                        help="a sweep key (e.g. filter.value), or several comma-separated: one line per value, mean "
+                             "and std over the other axes")
     args = parser.parse_args()
     if metrics_lib.is_sweep(args.metrics):
         members = metrics_lib.sweep_rows(args.metrics)

@@ -84,3 +84,12 @@ def test_heatmap_grid_is_the_mean_over_each_groups_runs_per_step(tmp_path):
     assert steps == [0, 2]
     np.testing.assert_allclose(grid, [[0.3, 0.6], [0.1, np.nan]])
     assert os.path.getsize(report.plot_heatmap(groups, "{env}/success", str(tmp_path / "heat.png"))) > 10_000
+
+
+def test_groups_by_two_keys_pool_only_the_remaining_axis():
+    members = {f"filter.value={f},algo.entropy_coeff={e},train.seed={s}": rows(0.1 * s, 0.5)
+               for f in (0.5, 1.0) for e in (0.001, 0.05) for s in (0, 1)}
+    groups = report.group_members(members, "filter.value,algo.entropy_coeff")
+    assert list(groups) == ["filter.value=0.5,algo.entropy_coeff=0.001", "filter.value=0.5,algo.entropy_coeff=0.05",
+                            "filter.value=1.0,algo.entropy_coeff=0.001", "filter.value=1.0,algo.entropy_coeff=0.05"]
+    assert all(len(runs) == 2 for runs in groups.values())

@@ -15,6 +15,7 @@ TensorBoard discards the interrupted run's later points.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -147,12 +148,15 @@ def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The rows of a metrics.jsonl (or of `<path>/metrics.jsonl` for a directory): `step` int, values float
-    (null read back as NaN). ValueError names the file and line of an unreadable line."""
+    """The rows of a metrics.jsonl (or of `<path>/metrics.jsonl` for a directory; a gzipped `metrics.jsonl.gz`,
+    as archived results are kept, when there is no plain one): `step` int, values float (null read back as NaN).
+    ValueError names the file and line of an unreadable line."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        path = os.path.join(path, METRICS_FILE)
-    with open(path, encoding="utf-8") as f:
+        plain = os.path.join(path, METRICS_FILE)
+        path = plain if os.path.exists(plain) or not os.path.exists(plain + ".gz") else plain + ".gz"
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return _parse_lines(f.readlines(), path, drop_partial_tail=False)
 
 

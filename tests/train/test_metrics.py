@@ -148,3 +148,21 @@ def test_columns_of_a_run_fill_missing_values_with_nan(tmp_path):
     np.testing.assert_array_equal(history["train/success"], [np.nan, 0.5, 0.75])
     assert np.isnan(history["actor/loss"][1])  # non-finite values are stored as null, read back as NaN
     assert not metrics_lib.is_sweep(str(tmp_path))
+
+
+def test_gzipped_archives_read_like_the_plain_file(tmp_path):
+    import gzip
+    import shutil
+
+    with MetricsWriter(str(tmp_path / "run"), tensorboard=False) as writer:
+        writer.write(1, {"a": 0.5, "b": float("nan")})
+        writer.write(2, {"a": 0.25})
+    plain = tmp_path / "run" / METRICS_FILE
+    expected = read_metrics(str(tmp_path / "run"))
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    with open(plain, "rb") as src, gzip.open(archive / (METRICS_FILE + ".gz"), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    for got in (read_metrics(str(archive)), read_metrics(str(archive / (METRICS_FILE + ".gz")))):
+        assert [r["step"] for r in got] == [1, 2] and got[1]["a"] == expected[1]["a"] == 0.25
+        assert np.isnan(got[0]["b"])
