@@ -91,10 +91,15 @@ def _get(config: ml_collections.ConfigDict, key: str) -> Any:
     return node
 
 
-def _check_choice(config, key: str, choices: Iterable[str]) -> None:
-    value = _get(config, key)
+def check_choice(key: str, value: Any, choices: Iterable[str]) -> None:
+    """ConfigError naming `key` unless `value` is one of `choices` (also used where a module takes the value
+    directly, e.g. the filter functions)."""
     if value not in choices:
         raise ConfigError(key, value, "allowed values are " + ", ".join(repr(c) for c in choices))
+
+
+def _check_choice(config, key: str, choices: Iterable[str]) -> None:
+    check_choice(key, _get(config, key), choices)
 
 
 def _check_filter_value(config) -> None:

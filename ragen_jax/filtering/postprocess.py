@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.config import LOSS_SCALINGS
-from ragen_jax.filtering.selection import ZERO_SCORE, check_choice, group_scores, group_stats, select_groups
+from ragen_jax.config import LOSS_SCALINGS, check_choice
+from ragen_jax.filtering.selection import ZERO_SCORE, group_scores, group_stats, select_groups
 
 SOFT_REWEIGHT_EPS = 1e-6
 

@@ -15,15 +15,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.config import FILTER_METRICS, FILTER_STRATEGIES, FILTER_TYPES, TOP_P_MODES
+from ragen_jax.config import FILTER_METRICS, FILTER_STRATEGIES, FILTER_TYPES, TOP_P_MODES, check_choice
 
 ZERO_SCORE = 1e-10  # |score| <= this counts as zero (include_zero=False, filter_zero_count)
 MIN_P_SLACK = 1e-10  # RAGEN's tolerance in the min_p comparisons
-
-
-def check_choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is invalid: allowed values are {allowed}")
 
 
 def group_stats(values: jax.Array) -> dict[str, jax.Array]:
