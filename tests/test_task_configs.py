@@ -45,19 +45,18 @@ def test_unknown_setting_is_named():
 
 def test_demo_starts_from_the_shipped_warm_start_which_still_knows_the_format():
     """The shipped Bandit warm start (configs/warm_starts/bandit_tiny) has the tiny model's shapes and, greedy on 32
-    validation prompts, answers in the format (measured when it was made: 0.84 on 64 prompts). A change to the
-    Bandit's prompt or the built-in tokenizer that leaves it stale fails here: remake it (configs/demo.py)."""
-    import jax
-    import jax.numpy as jnp
+    validation prompts (experiments/evaluate.py), answers in the format (measured when it was made: 0.84 on 64
+    prompts). A change to the Bandit's prompt or the built-in tokenizer that leaves it stale fails here: remake it
+    (configs/demo.py)."""
+    from experiments import evaluate
 
-    from ragen_jax.train.validation import Validator
-
-    demo = config_lib.load(["train", "--config=configs/demo.py", "--config.rollout.val_num_groups=32",
-                            "--config.rollout.val_temperature=0.0"])
+    demo = config_lib.load(["train", "--config=configs/demo.py", "--config.rollout.val_num_groups=32"])
     tiny = config_lib.load(["train", "--config=configs/bandit.py:tiny"])
     assert demo.train.sft_steps == 0 and demo.model.pretrained_path.endswith("warm_starts/bandit_tiny")
-    parts, tiny_parts = build(demo), build(tiny)
-    assert parts.model_config == tiny_parts.model_config
-    validator = Validator(demo, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
-    metrics = jax.jit(lambda p: validator(p, parts.env_params, jnp.float32(1.0)))(parts.params)
-    assert float(metrics["val-env/bandit/format_ok_rate"]) >= 0.75
+    assert build(demo).model_config == build(tiny).model_config
+    lines = []
+    metrics = evaluate.evaluate(demo, temperatures=(0.0,), log=lines.append)[0.0]
+    assert metrics["val-env/bandit/format_ok_rate"] >= 0.75
+    assert lines == [f"temperature 0 | success {metrics['val-env/bandit/success']:.3f} | format_ok_rate "
+                     f"{metrics['val-env/bandit/format_ok_rate']:.3f} | episode_reward "
+                     f"{metrics['val-env/bandit/episode_reward']:.3f}"]
