@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from ragen_jax import sharding
 from ragen_jax.algos import losses
-from ragen_jax.config import BUCKET_MODES
+from ragen_jax.config import BUCKET_MODES, check_choice
 
 COMPONENTS = ("task", "entropy", "kl")
 
@@ -112,8 +112,7 @@ def should_run(step, every: int) -> jax.Array:
 
 def assign_buckets(group_rv: jax.Array, group_valid: jax.Array, mode: str, num_buckets: int) -> jax.Array:
     """int32[G]: each valid group's bucket in [0, num_buckets), -1 for invalid groups."""
-    if mode not in BUCKET_MODES:
-        raise ValueError(f"bucket mode {mode!r} is invalid: allowed values are {BUCKET_MODES}")
+    check_choice("diagnostics.grad_analysis_bucket_mode", mode, BUCKET_MODES)
     if num_buckets < 1:
         raise ValueError(f"num_buckets = {num_buckets} is invalid: must be >= 1")
     if mode == "fixed_rv":

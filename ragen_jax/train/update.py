@@ -30,7 +30,7 @@ import optax
 from ragen_jax import sharding
 from ragen_jax.algos.losses import DEFAULT_VOCAB_CHUNK, agg_loss, kl_penalty, logprobs_and_entropy, masked_mean
 from ragen_jax.algos.losses import policy_loss, value_loss
-from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES
+from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
 
 Params = Any
 LogitsFn = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -74,10 +74,8 @@ class UpdateConfig:
         if self.minibatch_size < 1 or self.epochs < 1 or self.minibatch_size % micro:
             raise ValueError(f"UpdateConfig epochs={self.epochs}, minibatch_size={self.minibatch_size}, "
                              f"micro_batch_size={self.micro_batch_size}: need positive sizes, micro dividing minibatch")
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"UpdateConfig.loss_agg_mode={self.loss_agg_mode!r}: allowed values are {LOSS_AGG_MODES}")
-        if self.kl_loss_type not in KL_ESTIMATORS:
-            raise ValueError(f"UpdateConfig.kl_loss_type={self.kl_loss_type!r}: allowed values are {KL_ESTIMATORS}")
+        check_choice("algo.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        check_choice("algo.kl_loss_type", self.kl_loss_type, KL_ESTIMATORS)
 
     @property
     def micro(self) -> int:
