@@ -15,11 +15,10 @@ import sys
 import jax
 import jax.numpy as jnp
 
+from experiments.warm_start import starting_model
 from ragen_jax import config as config_lib
-from ragen_jax.train.build import build
-from ragen_jax.train.loop import VALIDATION_TOP_P, initial_params, run_keys
+from ragen_jax.train.loop import VALIDATION_TOP_P
 from ragen_jax.train.metrics import to_floats
-from ragen_jax.train.step import TrainStep
 from ragen_jax.train.validation import Validator
 
 FLAG = "--temperatures="
@@ -28,10 +27,7 @@ SHOWN = ("success", "format_ok_rate", "episode_reward")
 
 def evaluate(config, temperatures=(0.5,), log=print) -> dict[float, dict[str, float]]:
     """{temperature: validation metrics (`val-env/...` floats)} of the model `config` starts RL from."""
-    config_lib.validate(config)
-    parts = build(config)
-    train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
-    params = initial_params(config, parts, train_step, run_keys(config.train.seed)[1], log)
+    parts, params = starting_model(config, log)
     validator = Validator(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
     out = {}
     for temperature in temperatures:

@@ -181,14 +181,11 @@ def spearman(x, y) -> float:
 def spearman_table(runs: list[list[dict]]) -> str:
     """Markdown: Spearman rho between validation success and each diagnostic over all checkpoints of `runs` (every
     row holding both the validation success and the diagnostic of that step's training batch)."""
-    env = env_name(runs[0])
-    key = f"val-env/{env}/success"
     lines = ["| diagnostic | Spearman rho with validation success | checkpoints |", "|---|---|---|"]
     for name, diag in DIAGNOSTICS:
-        pairs = [(r[key], r[diag]) for rows in runs for r in rows
-                 if np.isfinite(r.get(key, np.nan)) and np.isfinite(r.get(diag, np.nan))]
+        pairs = validated_points(runs, (diag,))
         if len(pairs) >= 3:
-            lines.append(f"| {name} | {spearman(*zip(*pairs)):+.2f} | {len(pairs)} |")
+            lines.append(f"| {name} | {spearman(*pairs.T):+.2f} | {len(pairs)} |")
     return "\n".join(lines)
 
 
@@ -290,8 +287,9 @@ def heatmap_grid(groups: dict[str, list[list[dict]]], key: str) -> tuple[list[in
     steps = sorted({int(s) for runs in groups.values() for rows in runs for s in _series(rows, key)[0]})
     grid = np.full((len(groups), len(steps)), np.nan)
     for g, runs in enumerate(groups.values()):
+        by_step = [dict(zip(*_series(rows, key))) for rows in runs]
         for s, step in enumerate(steps):
-            values = [v for rows in runs for t, v in zip(*_series(rows, key)) if t == step]
+            values = [values_at[step] for values_at in by_step if step in values_at]
             grid[g, s] = np.mean(values) if values else np.nan
     return steps, grid
 

@@ -21,14 +21,20 @@ from ragen_jax.train.step import TrainStep
 FLAG = "--out="
 
 
-def warm_start(config, out: str, log=print) -> str:
-    """SFT `config.train.sft_steps` steps from the config's initial model; saves the result to `out`."""
+def starting_model(config, log=print):
+    """(parts, params): the built parts and the parameters a training run with `config` starts RL from (its SFT
+    warm start when `train.sft_steps` > 0, with the run's own SFT key)."""
     config_lib.validate(config)
-    if config.train.sft_steps <= 0:
-        raise config_lib.ConfigError("train.sft_steps", config.train.sft_steps, "a warm start needs at least 1 step")
     parts = build(config)
     train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
-    params = initial_params(config, parts, train_step, run_keys(config.train.seed)[1], log)
+    return parts, initial_params(config, parts, train_step, run_keys(config.train.seed)[1], log)
+
+
+def warm_start(config, out: str, log=print) -> str:
+    """SFT `config.train.sft_steps` steps from the config's initial model; saves the result to `out`."""
+    if config.train.sft_steps <= 0:
+        raise config_lib.ConfigError("train.sft_steps", config.train.sft_steps, "a warm start needs at least 1 step")
+    parts, params = starting_model(config, log)
     hf.save_pretrained(transformer.Model(parts.model_config, params), out)
     if log:
         log(f"wrote {out}")

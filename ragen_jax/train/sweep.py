@@ -35,6 +35,7 @@ import tqdm
 from environments.base import tree_select
 from ragen_jax import config as config_lib
 from ragen_jax import distributed, sharding
+from ragen_jax import metrics as metrics_lib
 from ragen_jax.algos.presets import apply_overrides
 from ragen_jax.train import validation
 from ragen_jax.train.build import build, build_env
@@ -233,7 +234,7 @@ class Sweep:
                     checkpointer.save(step, state, extra, force=step == total or all(fired))
             bar.close()
         if lg.dir and main:
-            with open(os.path.join(lg.dir, "sweep.json"), "w", encoding="utf-8") as f:
+            with open(os.path.join(lg.dir, metrics_lib.SWEEP_FILE), "w", encoding="utf-8") as f:
                 json.dump({"members": self.points, "names": self.names, "early_stop": fired}, f, indent=1)
         for writer in writers:
             writer.close()
