@@ -23,7 +23,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
-# A from-scratch tiny agent on FrozenLake: SFT warm start, GRPO with SNR-aware filtering, collapse diagnostics;
+# A tiny agent on the Bandit from the shipped warm start: GRPO with SNR-aware filtering, collapse diagnostics;
 # metrics, TensorBoard events, checkpoints and report.png under runs/demo.
 demo: $(STAMP)
 	rm -rf runs/demo

@@ -1,7 +1,9 @@
 """FrozenLake, RAGEN's CoordFrozenLake (docs/environments.md#frozenlake), generated and stepped in JAX.
 
 Map: `size` x `size` (static, default 4); every tile is frozen with probability `p_frozen` (0.9), else
-a hole; start and goal are uniformly random distinct tiles (forced frozen). Like RAGEN we reject maps
+a hole; start and goal are uniformly random distinct tiles (forced frozen). `goal_distance` d > 0 (static, our
+addition for small-scale curricula; 0 = RAGEN's anywhere) draws the goal uniformly among the tiles 1..d moves
+(Manhattan distance) from the start. Like RAGEN we reject maps
 without a start->goal path, but with a fixed number `map_tries` of candidates drawn at once from the
 reset key and checked by flood fill; the first connected one is used. If none is (probability about
 0.15**16 at the defaults), the first candidate gets the holes on an L-shaped start->goal path removed,
@@ -64,15 +66,16 @@ def _coord(i: int, size: int) -> str:
 
 
 class FrozenLake(TextEnv):
-    """See the module docstring. Static args: `size`, `map_tries`; the rest go to `TextEnv`."""
+    """See the module docstring. Static args: `size`, `map_tries`, `goal_distance`; the rest go to `TextEnv`."""
 
     Params = FrozenLakeParams
     default_params = FrozenLakeParams(success_rate=jnp.float32(1.0), p_frozen=jnp.float32(0.9))
 
-    def __init__(self, tokenizer, *, size: int = 4, map_tries: int = 16, **base_kwargs):
-        if size < 2 or map_tries < 1:
-            raise ValueError(f"FrozenLake needs size >= 2 and map_tries >= 1, got size={size}, map_tries={map_tries}")
-        self.size, self.map_tries = size, map_tries
+    def __init__(self, tokenizer, *, size: int = 4, map_tries: int = 16, goal_distance: int = 0, **base_kwargs):
+        if size < 2 or map_tries < 1 or goal_distance < 0:
+            raise ValueError(f"FrozenLake needs size >= 2, map_tries >= 1 and goal_distance >= 0, got size={size}, "
+                             f"map_tries={map_tries}, goal_distance={goal_distance}")
+        self.size, self.map_tries, self.goal_distance = size, map_tries, goal_distance
         n = size * size
         coords = [_coord(i, size) for i in range(n)]
         header = f"Coordinates: \nBoard size: {size} rows x {size} cols (zero-indexed).\nStart: "
@@ -113,9 +116,8 @@ class FrozenLake(TextEnv):
         u = jax.random.uniform(key, (t, n + 2))  # one draw: hole tests, start, goal offset
         holes = u[:, :n] >= params.p_frozen
         start = jnp.minimum((u[:, n] * n).astype(jnp.int32), n - 1)
-        offset = 1 + jnp.minimum((u[:, n + 1] * (n - 1)).astype(jnp.int32), n - 2)
-        goal = (start + offset) % n  # uniform over tiles != start
         tiles = jnp.arange(n)
+        goal = self._goal(start, u[:, n + 1])
         holes &= (tiles != start[:, None]) & (tiles != goal[:, None])
         connected = jax.vmap(lambda h, s, g: self.reachable(h, s)[g])(holes, start, goal)
         pick = jnp.argmax(connected)
@@ -127,6 +129,20 @@ class FrozenLake(TextEnv):
         )
         chosen = jnp.where(connected.any(), holes[pick], holes[0] & ~on_path)
         return FrozenLakeState(holes=chosen, start=start[pick], goal=goal[pick], pos=start[pick])
+
+    def _goal(self, start: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
+        """i32[t]: the goal tile of each candidate (start i32[t], u f32[t] uniform), != start and within
+        `goal_distance` moves of it when that is > 0."""
+        n = self.size * self.size
+        if not self.goal_distance:
+            offset = 1 + jnp.minimum((u * (n - 1)).astype(jnp.int32), n - 2)
+            return (start + offset) % n
+        (sr, sc), (r, c) = jnp.divmod(start[:, None], self.size), jnp.divmod(jnp.arange(n), self.size)
+        distance = jnp.abs(r - sr) + jnp.abs(c - sc)
+        eligible = (distance >= 1) & (distance <= self.goal_distance)  # [t, n]
+        count = eligible.sum(axis=1)
+        k = jnp.minimum((u * count).astype(jnp.int32), count - 1)
+        return jnp.argmax(jnp.cumsum(eligible, axis=1) > k[:, None], axis=1).astype(start.dtype)
 
     # ----------------------------------------------------------------- dynamics
     def apply_action(self, key, s, action, params):

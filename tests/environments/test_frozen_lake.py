@@ -100,6 +100,25 @@ def test_map_statistics(fl):
     assert counts.min() > 0.4 * B / SIZE**2 and counts.max() < 1.8 * B / SIZE**2
 
 
+@pytest.mark.parametrize("distance", [1, 2])
+def test_goal_distance_draws_the_goal_uniformly_near_the_start(builtin_tokenizer, distance):
+    env, _ = make_env("frozen_lake", builtin_tokenizer, goal_distance=distance)
+    n = 4096
+    _, state = batched(env).reset(jax.random.split(jax.random.key(distance), n), env.default_params)
+    s = jax.tree.map(np.asarray, state.env)
+    (sr, sc), (gr, gc) = np.divmod(s.start, SIZE), np.divmod(s.goal, SIZE)
+    d = np.abs(sr - gr) + np.abs(sc - gc)
+    assert d.min() >= 1 and d.max() <= distance
+    for i in range(n):
+        assert bfs_path_exists(s.holes[i], int(s.start[i]), int(s.goal[i]))
+    # from a corner tile, the goal is uniform over the `distance`-ball's tiles on the board
+    corner = s.start == 0
+    eligible = [t for t in range(1, SIZE * SIZE) if sum(divmod(t, SIZE)) <= distance]
+    counts = np.bincount(s.goal[corner], minlength=SIZE * SIZE)[eligible]
+    expected = corner.sum() / len(eligible)
+    assert counts.sum() == corner.sum() and np.abs(counts - expected).max() < 4 * np.sqrt(expected)
+
+
 def test_render_matches_ragen_text(fl, tokenizer):
     """Maps from the module's (built-in tokenizer) reset, rendered by an env of each tokenizer."""
     _, _, reset = fl
