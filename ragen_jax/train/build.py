@@ -10,12 +10,14 @@ The env receives the rollout's action budget and thinking mode, `env.kwargs` as 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 import environments
+from ragen_jax.config import ConfigError
 from ragen_jax.models import chat as chat_lib
 from ragen_jax.models import hf, transformer
 from ragen_jax.models import tokenizer as tok_lib
@@ -47,10 +49,18 @@ def build_env(config, tokenizer):
     return env, params
 
 
+def existing_folder(key: str, path: str) -> str:
+    """The absolute path (`~` expanded) of config `key`'s folder `path`; ConfigError naming the key if there is none."""
+    resolved = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(resolved):
+        raise ConfigError(key, path, f"no such folder: {resolved}")
+    return resolved
+
+
 def build_model(config, tokenizer) -> tuple[ModelConfig, Any]:
     m = config.model
     if m.pretrained_path:
-        model = hf.load_pretrained(m.pretrained_path, m.compute_dtype)
+        model = hf.load_pretrained(existing_folder("model.pretrained_path", m.pretrained_path), m.compute_dtype)
         if model.config.vocab_size < tokenizer.vocab_size:
             raise ValueError(f"model.pretrained_path {m.pretrained_path!r} has vocab_size {model.config.vocab_size} "
                              f"< the tokenizer's {tokenizer.vocab_size}")

@@ -18,6 +18,7 @@ from ragen_jax.algos import presets
 from ragen_jax.models import chat
 from ragen_jax.models.tokenizer import builtin
 from ragen_jax.train.step import Hyper, TrainStep
+from tests.guards import no_network
 from tests.rollout.helpers import scripted_params
 
 TINY = {"rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2, "rollout.response_length": 16,
@@ -46,6 +47,12 @@ def build(algorithm: str, kl: str = "off", **overrides):
 
 def changed(a, b) -> bool:
     return any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def same_bits(a, b) -> bool:
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.asarray(x).dtype == np.asarray(y).dtype and np.asarray(x).tobytes() == np.asarray(y).tobytes()
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +85,29 @@ def test_grpo_step_is_deterministic(grpo):
     _, b = step(state0, jax.random.key(7), hyper)
     for k in a:
         np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+
+
+def test_a_nonfinite_loss_skips_the_updates_and_the_next_clean_step_trains(grpo):
+    """A NaN entropy coefficient (traced, so the same compiled step) makes the actor loss and its gradients NaN
+    after a real rollout, log-probs and advantages: both minibatch updates are skipped and counted, the actor and
+    its optimizer state (moments, step count) keep every bit; the following clean step trains as usual."""
+    _, step, state0, hyper, traces = grpo
+    poisoned = hyper.replace(actor=hyper.actor._replace(entropy_coeff=jnp.float32(jnp.nan)))
+    state1, m1 = step(state0, jax.random.key(2), poisoned)
+    assert int(state1.step) == 1 and np.isnan(float(m1["actor/grad_norm"]))
+    assert float(m1["actor/num_updates"]) == 2 and float(m1["actor/nonfinite_skips"]) == 2
+    assert same_bits(state0.actor, state1.actor) and same_bits(state0.actor_opt, state1.actor_opt)
+    state2, m2 = step(state1, jax.random.key(3), hyper)
+    assert float(m2["actor/num_updates"]) == 2 and float(m2["actor/nonfinite_skips"]) == 0
+    assert changed(state1.actor, state2.actor) and changed(state1.actor_opt, state2.actor_opt)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state2.actor)) and len(traces) == 1
+
+
+def test_a_whole_step_runs_with_sockets_blocked(grpo):
+    _, step, state0, hyper, _ = grpo
+    with no_network():
+        state1, metrics = jax.block_until_ready(step(state0, jax.random.key(9), hyper))
+    assert changed(state0.actor, state1.actor) and np.isfinite(float(metrics["actor/pg_loss"]))
 
 
 def test_nothing_kept_means_nothing_changes(grpo):
