@@ -29,7 +29,7 @@ def _model() -> ml_collections.ConfigDict:
 
 def _tokenizer() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.kind = "builtin"  # builtin | json (a HF tokenizer.json)
+    c.kind = "builtin"  # builtin | json (a HF tokenizer.json) | qwen2.5 | qwen3.6 (the real Qwen vocabularies)
     c.path = ""  # folder or file holding tokenizer.json when kind == json
     c.chat_format = "plain"  # plain | chatml (Qwen) | llama3
     return c
