@@ -11,6 +11,7 @@ import ml_collections
 def _model() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.pretrained_path = ""  # local folder with config.json + safetensors; "" = build from the sizes below
+    c.preset = ""  # qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-3b: published shapes, random weights ("" = the sizes below)
     c.vocab_size = 0  # 0 = take the tokenizer's vocabulary size
     c.d_model = 128  # hidden width
     c.num_layers = 4  # decoder blocks

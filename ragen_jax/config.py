@@ -26,6 +26,7 @@ QWEN_TOKENIZERS = ("qwen2.5", "qwen3.6")  # the real vocabularies of ragen_jax/m
 TOKENIZER_KINDS = ("builtin", "json", *QWEN_TOKENIZERS)
 CHAT_FORMATS = ("plain", "chatml", "llama3")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+MODEL_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")  # published shapes: ragen_jax/models/presets.py
 
 # Keys that must be >= 0: coefficients, learning rates, penalties' magnitudes are signed and excluded.
 NON_NEGATIVE_KEYS = (
@@ -155,6 +156,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _check_choice(config, "tokenizer.kind", TOKENIZER_KINDS)
     _check_choice(config, "tokenizer.chat_format", CHAT_FORMATS)
     _check_choice(config, "model.compute_dtype", COMPUTE_DTYPES)
+    _check_choice(config, "model.preset", ("", *MODEL_PRESETS))
     _check_filter_value(config)
 
     for key in NON_NEGATIVE_KEYS:
@@ -181,6 +183,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     if config.train.sft_batch_size < 0:
         raise ConfigError("train.sft_batch_size", config.train.sft_batch_size,
                           "must be >= 0 (0 = the rollout's batch size)")
+    if config.model.preset and config.model.pretrained_path:
+        raise ConfigError("model.preset", config.model.preset,
+                          "model.pretrained_path already fixes the shapes (its config.json): set one of the two")
     if config.tokenizer.kind == "json" and not config.tokenizer.path:
         raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='json' needs the path of a tokenizer.json")
     if config.tokenizer.kind in QWEN_TOKENIZERS and config.tokenizer.chat_format != "chatml":
@@ -213,11 +218,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     return config
 
 
-def load(argv: list[str]) -> ml_collections.ConfigDict:
+def load(argv: list[str], num_devices: int | None = None) -> ml_collections.ConfigDict:
     """Parses `--config=FILE` plus `--config.a.b=value` overrides from a command line, then validates.
 
-    `argv[0]` is the program name, as in `sys.argv`. The config file's `get_config()` must return a locked
-    ConfigDict, so an override naming a key that does not exist (a typo) raises instead of being ignored.
+    `argv[0]` is the program name, as in `sys.argv`; `num_devices` as in `validate`. The config file's
+    `get_config()` must return a locked ConfigDict, so an override naming a key that does not exist (a typo)
+    raises instead of being ignored.
 
     Example:
       load(["train", "--config=configs/base.py", "--config.filter.value=0.9"])
@@ -233,4 +239,4 @@ def load(argv: list[str]) -> ml_collections.ConfigDict:
     flag_values(list(argv))
     if flag_values.config is None:
         raise ConfigError("--config", None, "pass --config=configs/<task>.py")
-    return validate(flag_values.config)
+    return validate(flag_values.config, num_devices)

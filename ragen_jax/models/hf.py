@@ -192,6 +192,15 @@ def _set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
     tree[path[-1]] = value
 
 
+def read_config(path: str, compute_dtype: str = "float32") -> ModelConfig:
+    """The ModelConfig of checkpoint folder `path`'s ``config.json`` (no weights read)."""
+    config_file = os.path.join(path, CONFIG_FILE)
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"no {CONFIG_FILE} in checkpoint folder {path!r}")
+    with open(config_file, encoding="utf-8") as f:
+        return config_from_hf(json.load(f), compute_dtype)[0]
+
+
 def load_pretrained(path: str, compute_dtype: str = "float32", shardings: Any = None) -> Model:
     """Loads a HF Qwen2 / Llama-3 checkpoint folder into a :class:`Model` (float32 params).
 
@@ -200,11 +209,7 @@ def load_pretrained(path: str, compute_dtype: str = "float32", shardings: Any = 
     Raises CheckpointError naming any missing, unexpected or wrong-shaped tensor or unsupported setting,
     FileNotFoundError naming a missing file.
     """
-    config_file = os.path.join(path, CONFIG_FILE)
-    if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"no {CONFIG_FILE} in checkpoint folder {path!r}")
-    with open(config_file, encoding="utf-8") as f:
-        config, _ = config_from_hf(json.load(f), compute_dtype)
+    config = read_config(path, compute_dtype)
     expected = tensor_map(config)
     leaf_shapes = _leaf_shapes(config)
     with contextlib.ExitStack() as stack:
