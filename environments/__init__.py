@@ -1,4 +1,4 @@
-"""Text environments in pure JAX: `make(name, tokenizer=None, **overrides) -> (env, params)`.
+"""Text environments in pure JAX: `make(name, tokenizer, **overrides) -> (env, params)`.
 
 See `environments/base.py` for the API (reset/step/render_text/oracle) and the subclass contract.
 """

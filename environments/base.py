@@ -61,9 +61,9 @@ Subclass contract (how Sokoban, Countdown, Arithmetic, ... plug in)
    For weak warm starts (`demonstrations`): `describe(s_numpy, rng) -> str`, reasoning that restates the
    observation without choosing an answer, and for free-text envs `random_answer(s_numpy, rng) -> str`, a
    well-formed answer that is right only by chance (word-action envs draw random valid words).
-4. Register at the bottom of your module: `registry.register("name", YourEnv)`. The registry already
-   imports `environments.sokoban`, `environments.countdown` and `environments.arithmetic` once they
-   exist (see registry.ENV_MODULES); no other file needs editing.
+4. Register at the bottom of your module: `registry.register("name", YourEnv)`, and add the module's
+   dotted name to `registry.ENV_MODULES` (the registry imports exactly those modules); no other file needs
+   editing.
 """
 from __future__ import annotations
 
@@ -76,6 +76,7 @@ from flax import struct
 
 from environments.parsing import ParsedResponse, ResponseParser
 from environments.pieces import Observation, PieceTable, Tokenizer
+from environments.pytrees import tree_select
 
 
 @struct.dataclass
@@ -89,11 +90,6 @@ class TurnState:
     env: Any
     actions_left: jnp.ndarray
     done: jnp.ndarray
-
-
-def tree_select(pred: jnp.ndarray, on_true, on_false):
-    """Leafwise `where(pred, on_true, on_false)` for two pytrees of the same structure."""
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
 class TextEnv:

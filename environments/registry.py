@@ -1,10 +1,15 @@
-"""Environment registry: `make(name, tokenizer=None, **overrides) -> (env, params)`, `registered()`.
+"""Environment registry: `make(name, tokenizer, **overrides) -> (env, params)`, `registered()`.
 
 Each environment module calls `register(name, EnvClass, **defaults)` at import. `make` splits the
 overrides: keys that are fields of the factory's `Params` dataclass (traced values, e.g. `success_rate`)
 replace those params; every other key is a static constructor argument (size, capacities, ...).
 Env modules are imported lazily on the first `make`/`registered` call, from `ENV_MODULES`; a listed
 module that does not exist (yet) is skipped, any other import error propagates.
+
+To add an environment: write `environments/<name>.py` ending in `register("<name>", YourEnv)` (the
+subclass contract is in `environments/base.py`) and add `"environments.<name>"` to `ENV_MODULES` below.
+The tokenizer is the caller's (`ragen_jax.models.tokenizer.builtin()` for the built-in vocabulary):
+`environments` imports nothing from `ragen_jax`.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import importlib
 from typing import Any, Callable
 
 import jax.numpy as jnp
+
+from environments.pieces import Tokenizer
 
 ENV_MODULES = (
     "environments.frozen_lake",
@@ -53,18 +60,15 @@ def registered() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def make(name: str, tokenizer=None, **overrides: Any):
+def make(name: str, tokenizer: Tokenizer, **overrides: Any):
     """Build a registered environment: returns `(env, params)`.
 
-    tokenizer: a `Tokenizer` (None = the built-in one). overrides: params fields or constructor kwargs.
+    tokenizer: what the env renders and parses with (`pieces.Tokenizer`). overrides: params fields or
+    constructor kwargs.
     """
     _load_modules()
     if name not in _REGISTRY:
         raise ValueError(f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
-    if tokenizer is None:
-        from ragen_jax.models.tokenizer import builtin
-
-        tokenizer = builtin()
     factory, defaults = _REGISTRY[name]
     kwargs = {**defaults, **overrides}
     params_cls = getattr(factory, "Params", None)

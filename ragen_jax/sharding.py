@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from environments.base import tree_select
+from environments.pytrees import tree_select
 
 MESH_AXES = ("sweep", "data", "fsdp")
 BATCH_AXES = ("data", "fsdp")

@@ -8,7 +8,7 @@ shareable copy of what the environment would generate. Configure through the con
 
     builder = CountdownInstances(config=CountdownConfig(name="ops4", operators="+-*/"), data_dir=d)
     builder.download_and_prepare()
-    env, params = environments.make("countdown", instances=load_countdown(d, config="ops4"))
+    env, params = environments.make("countdown", tokenizer, instances=load_countdown(d, config="ops4"))
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Nothing is downloaded: put the files in the manual directory and build, e.g.
 
     builder = MathJsonl(data_dir=d)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=m))
-    env, params = environments.make("arithmetic", problems=load_problems(d, name="math_jsonl"))
+    env, params = environments.make("arithmetic", tokenizer, problems=load_problems(d, name="math_jsonl"))
 
 (`load_problems` is in `environments.datasets.generated`.)
 

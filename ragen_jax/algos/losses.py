@@ -11,7 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES
+from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
 
 LOG_RATIO_CLAMP = 20.0  # verl clamps log(pi / pi_old) to [-20, 20] before exp
 LOW_VAR_KL_CLAMP = 10.0  # verl clamps the k3 estimate to [-10, 10]
@@ -36,6 +36,7 @@ def agg_loss(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
     The seq-mean modes average over rows that hold at least one loss token: fixed-shape batches carry
     padding rows (dropped by the filter) that RAGEN's variable-size batch never contains.
     """
+    check_choice("algo.loss_agg_mode", mode, LOSS_AGG_MODES)
     mask = mask.astype(jnp.float32)
     token_sum = (loss * mask).sum(-1)
     token_count = mask.sum(-1)
@@ -47,9 +48,7 @@ def agg_loss(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
         return (token_sum / jnp.maximum(token_count, 1.0)).sum() / num_rows
     if mode == "seq-mean-token-sum":
         return token_sum.sum() / num_rows
-    if mode == "seq-mean-token-sum-norm":
-        return token_sum.sum() / loss.shape[-1]
-    raise ValueError(f"loss_agg_mode={mode!r} is invalid: allowed values are {LOSS_AGG_MODES}")
+    return token_sum.sum() / loss.shape[-1]  # seq-mean-token-sum-norm
 
 
 def policy_loss(

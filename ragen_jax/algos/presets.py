@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from ragen_jax.config import KL_ESTIMATORS
+from ragen_jax.config import KL_ESTIMATORS, check_choice
 
 _COMMON = {
     "algo.clip_ratio_low": 0.2,
@@ -74,8 +74,8 @@ def kl_overrides(placement: str, coef: float = 0.001, estimator: str = "kl") -> 
     """
     if placement not in KL_PLACEMENTS:
         raise ValueError(f"kl placement {placement!r} is invalid: allowed values are {KL_PLACEMENTS}")
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl estimator {estimator!r} is invalid: allowed values are {KL_ESTIMATORS}")
+    # the estimator sets kl_loss_type and kl_penalty: this is the error `validate` would raise, naming the first
+    check_choice("algo.kl_loss_type", estimator, KL_ESTIMATORS)
     loss, reward = placement == "loss", placement == "reward"
     return {
         "algo.use_kl_loss": loss,
@@ -117,8 +117,7 @@ def preset_config(
       filter: None (keep the config's filter), or a FILTER_PRESETS name ("paper", "none", "linear").
       kl: None (the preset's: off), or a KL_PLACEMENTS name, with `kl_coef` and `kl_estimator`.
     """
-    if algorithm not in ALGORITHM_PRESETS:
-        raise ValueError(f"algorithm {algorithm!r} is invalid: allowed values are {tuple(ALGORITHM_PRESETS)}")
+    check_choice("algo.name", algorithm, ALGORITHM_PRESETS)
     overrides = dict(ALGORITHM_PRESETS[algorithm])
     if filter is not None:
         if filter not in FILTER_PRESETS:

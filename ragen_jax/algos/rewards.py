@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.config import REWARD_NORMALIZATIONS
+from ragen_jax.config import REWARD_NORMALIZATIONS, check_choice
 
 NORM_EPS = 1e-6
 ASYM_CLIP = (-1.0, 3.0)
@@ -23,8 +23,7 @@ def normalize_group_rewards(rewards: jax.Array, method: str) -> jax.Array:
     when std <= 1e-6; asym_clip: mean_std clipped to [-1, 3]. Groups of one rollout are left unchanged
     (RAGEN normalises only when there are fewer groups than samples).
     """
-    if method not in REWARD_NORMALIZATIONS:
-        raise ValueError(f"rollout.reward_normalization = {method!r}; allowed: {REWARD_NORMALIZATIONS}")
+    check_choice("rollout.reward_normalization", method, REWARD_NORMALIZATIONS)
     rewards = jnp.asarray(rewards, jnp.float32)
     if method == "identity" or rewards.shape[1] < 2:
         return rewards

@@ -6,7 +6,8 @@
 - `sampling.collapse_diagnostics(_every)`: both sampling families on the unfiltered batch, from
   `sampling.ReasoningSpans`, with `sampling.CollapseOptions` and `sampling.should_compute`.
 - `gradients.gradient_analysis`: task / entropy / KL gradient norms per reward-variance bucket.
+- `schedule.runs_at`: the one step-schedule rule behind `sampling.should_compute` and `gradients.should_run`.
 """
-from ragen_jax.diagnostics import collapse, cross_logprobs, gradients, sampling
+from ragen_jax.diagnostics import collapse, cross_logprobs, gradients, sampling, schedule
 
-__all__ = ["collapse", "cross_logprobs", "gradients", "sampling"]
+__all__ = ["collapse", "cross_logprobs", "gradients", "sampling", "schedule"]

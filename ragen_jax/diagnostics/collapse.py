@@ -21,18 +21,6 @@ TOPK = (2, 4, 8)  # retrieval_accuracy@k levels; k_max = min(8, N)
 STD_EPS = 1e-3
 EMA_DECAY = 0.9
 
-METRIC_NAMES = (
-    "mi_estimate", "mi_seq_estimate", "mi_upper_bound",
-    "matched_log_prob_mean", "marginal_log_prob_mean",
-    "conditional_entropy_est", "reasoning_entropy_est", "conditional_entropy_seq_est", "reasoning_entropy_seq_est",
-    "retrieval_accuracy", "retrieval_chance_level", "retrieval_above_chance",
-    *(f"retrieval_{name}@{k}" for k in TOPK for name in ("accuracy", "chance_level", "above_chance")),
-    "marginal_std", "marginal_std_seq", "mi_zscore", "mi_zscore_seq",
-    "marginal_std_ema", "marginal_std_ema_seq", "mi_zscore_ema", "mi_zscore_ema_seq",
-    "num_pairs", "num_prompts",
-)
-
-
 def init_ema() -> dict:
     """The EMA state before the first computation: `initialised` False, so the first call sets ema = std."""
     zero = jnp.zeros((), jnp.float32)
@@ -109,7 +97,7 @@ def collapse_metrics(
       col_valid: bool[C] or None (= all columns valid); invalid columns leave N and every max/logsumexp.
       std_eps, ema_decay: floats or traced scalars.
     Returns:
-      (metrics, new_ema_state); metrics maps the names of `METRIC_NAMES` to f32 scalars.
+      (metrics, new_ema_state); metrics maps each MI proxy's name (docs/diagnostics.md) to an f32 scalar.
     """
     logp_mean = jnp.asarray(logp_mean, jnp.float32)
     logp_sum = jnp.asarray(logp_sum, jnp.float32)

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from ragen_jax import sharding
 from ragen_jax.algos import losses
 from ragen_jax.config import BUCKET_MODES, check_choice
+from ragen_jax.diagnostics import schedule
 
 COMPONENTS = ("task", "entropy", "kl")
 
@@ -104,10 +105,7 @@ class GradAnalysisOptions:
 
 def should_run(step, every: int) -> jax.Array:
     """RAGEN's trigger `(step - 1) % every == 0` (every=50: steps 1, 51, 101); every=0: never."""
-    if every <= 0:
-        return jnp.zeros((), jnp.bool_)
-    step = jnp.asarray(step)
-    return (step >= 1) & ((step - 1) % every == 0)
+    return schedule.runs_at(step, every, phase=1)
 
 
 def assign_buckets(group_rv: jax.Array, group_valid: jax.Array, mode: str, num_buckets: int) -> jax.Array:

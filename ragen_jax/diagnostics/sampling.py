@@ -29,7 +29,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.diagnostics import collapse
+from environments.pytrees import filled_like
+from ragen_jax.diagnostics import collapse, schedule
 
 FIRST_TURN = "collapse_first_turn_sample"
 TRAJECTORY = "collapse_trajectory_sample"
@@ -107,10 +108,7 @@ class CollapseOptions:
 def should_compute(step, every: int) -> jax.Array:
     """RAGEN's schedule (docs/diagnostics.md#schedule): never at step 0, always at step 1, then when step % every == 0;
     every=0: off."""
-    if every <= 0:
-        return jnp.zeros((), jnp.bool_)
-    step = jnp.asarray(step)
-    return (step == 1) | ((step > 0) & (step % every == 0))
+    return schedule.runs_at(step, every, phase=0)
 
 
 def init_state() -> dict:
@@ -248,7 +246,6 @@ def collapse_diagnostics_every(step, score_fn: ScoreFn, spans: ReasoningSpans, k
         return collapse_diagnostics(score_fn, spans, key, state, options, std_eps, ema_decay)
 
     def skip(_):
-        shapes = jax.eval_shape(compute, None)[0]
-        return {k: jnp.full(s.shape, jnp.nan, s.dtype) for k, s in shapes.items()}, state
+        return filled_like(lambda operand: compute(operand)[0], jnp.nan, None), state
 
     return jax.lax.cond(should_compute(step, options.every), compute, skip, None)

@@ -28,11 +28,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from environments.pytrees import filled_like
 from ragen_jax import filtering, sharding
 from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import rewards as rewards_lib
 from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
 from ragen_jax.models import transformer
+from ragen_jax.rollout.metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout, Trajectory
 from ragen_jax.train import batch as batch_lib
 from ragen_jax.train import update
@@ -75,26 +77,6 @@ class TrainState:
     critic_opt: Any
     ref: Any
     collapse: dict
-
-
-def rollout_metrics(traj: Trajectory, group_size: int, prefix: str) -> dict[str, jax.Array]:
-    """Per-batch env metrics (RAGEN's `{tag}/...` names where they exist), f32 scalars."""
-    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    taken = traj.turn_taken
-    turns = taken.sum(axis=1)
-    success = f32(traj.success)
-    return {
-        f"{prefix}/success": success.mean(),
-        f"{prefix}/pass@{group_size}": success.reshape(-1, group_size).max(axis=1).mean(),
-        f"{prefix}/episode_reward": traj.episode_reward.mean(),
-        f"{prefix}/num_actions": f32(traj.num_actions).mean(),
-        f"{prefix}/num_turns": f32(turns).mean(),
-        f"{prefix}/format_ok_rate": f32((traj.format_ok & taken).sum()) / jnp.maximum(taken.sum(), 1),
-        f"{prefix}/done_rate": f32(traj.done).mean(),
-        f"{prefix}/cut_rate": f32(traj.cut).mean(),
-        "response_length/mean": f32(traj.response_len.sum()) / jnp.maximum(taken.sum(), 1),
-        "trajectory_length/mean": f32(traj.length).mean(),
-    }
 
 
 class TrainStep:
@@ -182,8 +164,7 @@ class TrainStep:
                                        self.update_config)
 
         def warm_up(_):  # critic warm-up steps leave the actor unchanged (metrics zero)
-            shapes = jax.eval_shape(train_actor, None)[2]
-            return state.actor, state.actor_opt, {k: jnp.zeros(s.shape, s.dtype) for k, s in shapes.items()}
+            return state.actor, state.actor_opt, filled_like(lambda operand: train_actor(operand)[2], 0, None)
 
         actor, actor_opt, actor_metrics = jax.lax.cond(step > a.critic_warmup, train_actor, warm_up, None)
         metrics.update(actor_metrics)
@@ -307,7 +288,7 @@ class TrainStep:
                            math.gcd(16, ro.batch_size))
 
         def skip(_):
-            return {k: jnp.full(v.shape, jnp.nan, v.dtype) for k, v in jax.eval_shape(run, None).items()}
+            return filled_like(run, jnp.nan, None)
 
         return jax.lax.cond(gradients.should_run(step, options.every), run, skip, None)
 

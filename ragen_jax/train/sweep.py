@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from environments.base import tree_select
+from environments.pytrees import tree_select
 from ragen_jax import config as config_lib
 from ragen_jax import distributed, sharding
 from ragen_jax import metrics as metrics_lib

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from environments.pytrees import filled_like
 from ragen_jax import sharding
 from ragen_jax.algos.losses import DEFAULT_VOCAB_CHUNK, agg_loss, kl_penalty, logprobs_and_entropy, masked_mean
 from ragen_jax.algos.losses import policy_loss, value_loss
@@ -200,16 +201,12 @@ def _split(tree, block: int):
     return sharding.shard_batch(split, axis=1)
 
 
-def _zeros_like_result(fn, *args):
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
-
-
 def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_rows, micro: int):
     """Mean over micro-batches holding a kept row of (grad, metrics); empty micro-batches are skipped."""
     micro_batches = (_split(minibatch, micro), row_ids.reshape(-1, micro))
     grad_fn = jax.grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], micro_batches[0])
-    zeros = _zeros_like_result(lambda b: grad_fn(params, b, b.loss_mask), first)
+    zeros = filled_like(lambda b: grad_fn(params, b, b.loss_mask), 0, first)
 
     def micro_step(acc, xs):
         batch, rows = xs
@@ -252,7 +249,7 @@ def run_minibatches(loss_fn, params, opt_state, batch: UpdateBatch, kept_rows, l
                      f"{prefix}/nonfinite_skips": 1.0 - applied.astype(jnp.float32)}
             return (params, opt_state), stats
 
-        skip = lambda carry: (carry, _zeros_like_result(run, carry)[1])
+        skip = lambda carry: (carry, filled_like(run, 0, carry)[1])
         return sharding.sweep_cond(rows[0] < kept_rows, run, skip, (params, opt_state))
 
     def epoch(carry, _):

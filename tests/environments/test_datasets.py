@@ -20,7 +20,7 @@ def documented_keys(seed, split, size):
     return jax.random.split(jax.random.fold_in(jax.random.key(seed), ["train", "test"].index(split)), size)
 
 
-def test_no_tensorflow_and_array_record(tmp_path):
+def test_no_tensorflow_and_array_record(tmp_path, builtin_tokenizer):
     # the sampling options and train size of test_countdown's reference sampler, so its compile is shared
     config = CountdownConfig(name="tiny", num_train=100, num_test=8, seed=5, operators="+-*/", max_target=100)
     builder = CountdownInstances(config=config, data_dir=str(tmp_path), file_format="array_record")
@@ -44,7 +44,7 @@ def test_no_tensorflow_and_array_record(tmp_path):
         assert countdown.solve(row[:c].tolist(), int(t)) is not None and 1 <= t <= 100
 
     # an env built on the dataset draws instance seed mod size
-    env, params = environments.make("countdown", instances=loaded)
+    env, params = environments.make("countdown", builtin_tokenizer, instances=loaded)
     keys = jax.random.split(jax.random.key(9), 10)
     _, state = batched(env).reset(keys, params)
     for i, j in enumerate(np.asarray(key_seeds(keys)) % 100):
@@ -85,7 +85,7 @@ def write_jsonl(path, records, blank_line=False):
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_math_jsonl_manual_dir(tmp_path):
+def test_math_jsonl_manual_dir(tmp_path, builtin_tokenizer):
     manual = tmp_path / "manual"
     manual.mkdir()
     write_jsonl(manual / "metamath.jsonl", METAMATH, blank_line=True)
@@ -102,7 +102,7 @@ def test_math_jsonl_manual_dir(tmp_path):
     test = load_problems(data_dir, split="test", name="math_jsonl")
     assert test == {"question": [GSM8K[0]["question"]], "answer": ["1,000"], "solution": ["600 + 400 = 1000 animals."]}
 
-    env, params = environments.make("arithmetic", problems=train)
+    env, params = environments.make("arithmetic", builtin_tokenizer, problems=train)
     keys = jax.random.split(jax.random.key(4), 6)
     _, state = batched(env).reset(keys, params)
     for i, j in enumerate(np.asarray(key_seeds(keys)) % 2):

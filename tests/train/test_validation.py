@@ -17,8 +17,8 @@ from ragen_jax import models
 from ragen_jax.algos import presets
 from ragen_jax.models import chat
 from ragen_jax.models.tokenizer import builtin
+from ragen_jax.rollout.metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout
-from ragen_jax.train.step import rollout_metrics
 from ragen_jax.train.validation import Validator, should_validate, success_keys
 from tests.rollout.helpers import scripted_params
 
