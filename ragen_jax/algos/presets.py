@@ -126,3 +126,13 @@ def preset_config(
     if kl is not None:
         overrides.update(kl_overrides(kl, kl_coef, kl_estimator))
     return apply_overrides(config, overrides)
+
+
+def uses_critic(config) -> bool:
+    """Whether the training step trains a critic: only GAE advantages need values."""
+    return config.algo.adv_estimator == "gae"
+
+
+def uses_reference(config) -> bool:
+    """Whether the training step keeps a reference policy: a KL loss or a KL reward penalty."""
+    return bool(config.algo.use_kl_loss or config.algo.use_kl_in_reward)

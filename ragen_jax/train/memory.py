@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import sharding
+from ragen_jax.algos.presets import uses_critic, uses_reference
 from ragen_jax.models import kv_cache, transformer
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.train import update
@@ -87,16 +88,6 @@ class Estimate:
     def peak_per_device(self) -> int:
         """Resident + the largest phase, per device (a lower bound of the real peak: see the module doc)."""
         return self.phase_bytes(RESIDENT) + self.phase_bytes(self.peak_phase)
-
-
-def uses_critic(config) -> bool:
-    """Whether the step trains a critic (as `TrainStep` decides: GAE advantages)."""
-    return config.algo.adv_estimator == "gae"
-
-
-def uses_reference(config) -> bool:
-    """Whether the step keeps a reference policy (as `TrainStep` decides: a KL loss or KL reward penalty)."""
-    return bool(config.algo.use_kl_loss or config.algo.use_kl_in_reward)
 
 
 def num_params(shapes) -> int:

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from environments.pytrees import filled_like
 from ragen_jax import filtering, sharding
 from ragen_jax.algos import advantages as adv_lib
+from ragen_jax.algos import presets
 from ragen_jax.algos import rewards as rewards_lib
 from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
 from ragen_jax.models import transformer
@@ -100,8 +101,7 @@ class TrainStep:
 
         self.rollout = rollout(r.num_groups, r.group_size)
         self.update_config = update.UpdateConfig.from_config(config)
-        self.use_critic = a.adv_estimator == "gae"
-        self.use_ref = bool(a.use_kl_loss or a.use_kl_in_reward)
+        self.use_critic, self.use_ref = presets.uses_critic(config), presets.uses_reference(config)
         self.collapse_options = dataclasses.replace(sampling.CollapseOptions.from_config(config),
                                                     max_prompt_len=r.max_model_len - 1)
         if d.collapse_every > 0 and model_config.max_seq_len < r.max_model_len - 1 + r.response_length:
