@@ -230,11 +230,14 @@ class FrozenLake(TextEnv):
         return templates[int(rng.integers(len(templates)))], " || ".join(moves)
 
     def describe(self, s, rng):
-        p, g = _coord(int(s.pos), self.size), _coord(int(s.goal), self.size)
+        (pr, pc), (gr, gc) = divmod(int(s.pos), self.size), divmod(int(s.goal), self.size)
         n_holes = int(np.asarray(s.holes).sum())
-        # the observation's own labels: copying "Player: (r, c)" is plain induction for a small model
-        templates = (f"Player: {p}. Goal: {g}.", f"Goal: {g}. Player: {p}. Holes: {n_holes}.")
-        return templates[int(rng.integers(len(templates)))]
+        # the observation's own labels: copying "Player: (r, c)" is plain induction for a small model; the closing
+        # "rows a to b, cols c to d." sets the numbers to compare side by side just before the answer, which a
+        # from-scratch d64 x 2 model needs to learn the move at all (README "Learning at tiny scale")
+        templates = (f"Player: ({pr}, {pc}). Goal: ({gr}, {gc})",
+                     f"Goal: ({gr}, {gc}). Player: ({pr}, {pc}). Holes: {n_holes}")
+        return f"{templates[int(rng.integers(len(templates)))]}; rows {pr} to {gr}, cols {pc} to {gc}."
 
 
 registry.register("frozen_lake", FrozenLake)
