@@ -24,8 +24,8 @@ test: $(STAMP)
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # A tiny agent on the Bandit from the shipped warm start: GRPO with SNR-aware filtering, collapse diagnostics;
-# metrics, TensorBoard events, checkpoints and report.png under runs/demo.
+# config.json, metrics, TensorBoard events, checkpoints/ and report.png in the workdir runs/demo.
 demo: $(STAMP)
 	rm -rf runs/demo
-	$(PYTHON) experiments/train.py --config=configs/demo.py
-	$(PYTHON) experiments/report.py runs/demo/metrics.jsonl
+	$(VENV)/bin/ragen-train --config=configs/demo.py --workdir=runs/demo
+	$(VENV)/bin/ragen-report runs/demo

@@ -48,8 +48,15 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["ragen_jax", "ragen_jax.*", "environments", "environments.*", "configs", "configs.*"]),
+    packages=find_packages(include=["ragen_jax", "ragen_jax.*", "environments", "environments.*", "configs", "configs.*",
+                                    "experiments"]),
     package_data={"configs": ["warm_starts/*/*"]},  # the demo's shipped warm start (config.json + safetensors)
+    entry_points={"console_scripts": [
+        "ragen-train=experiments.train:main",
+        "ragen-sweep=experiments.sweep:main",
+        "ragen-eval=experiments.evaluate:main",
+        "ragen-report=experiments.report:main",
+    ]},
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES, "bench": TEST_REQUIRES + BENCH_REQUIRES},
 )

@@ -157,16 +157,16 @@ def _train() -> ml_collections.ConfigDict:
 
 def _checkpoint() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.dir = ""  # checkpoint folder ("" = no checkpoints)
+    c.dir = ""  # checkpoint folder ("" = no checkpoints; --workdir=DIR: DIR/checkpoints)
     c.save_freq = 50  # save every N steps
     c.max_to_keep = 3  # checkpoints kept on disk
-    c.resume = True  # continue from the newest checkpoint in dir
+    c.resume = True  # continue from the newest checkpoint in dir; False starts over (drops its checkpoints and metrics)
     return c
 
 
 def _logging() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.dir = ""  # metrics folder (metrics.jsonl + TensorBoard events; "" = console only)
+    c.dir = ""  # metrics folder (metrics.jsonl + TensorBoard events; "" = console only; --workdir=DIR: DIR)
     c.every = 1  # write metrics every N steps
     c.tensorboard = True  # also write TensorBoard event files
     c.progress_bar = True  # show a progress bar on the console

@@ -4,13 +4,14 @@
 after 1500 SFT steps on demonstrations with uniformly random arm choices, q = 0: the answer format is learned, the
 arm is a coin flip), then 40 GRPO steps with RAGEN-2's paper filter (softmax top-p 0.9 of the reward-variance
 mass, zero-variance groups allowed) and the collapse diagnostics every step; validation on 64 fixed prompts before
-training and every 5 steps. Metrics go to runs/demo/metrics.jsonl (+ TensorBoard), checkpoints to runs/demo/ckpt.
-The warm start is remade by (33 min on 2 CPU cores):
+training and every 5 steps, a checkpoint every 10. `make demo` runs it with `--workdir=runs/demo` (config.json,
+metrics.jsonl, TensorBoard events, checkpoints/ and report.png there; the same command again resumes). The warm
+start is remade by (33 min on 2 CPU cores):
 
     .venv/bin/python experiments/warm_start.py --config=configs/bandit.py:tiny --config.train.sft_steps=1500 \\
         --out=configs/warm_starts/bandit_tiny
 
-    .venv/bin/python experiments/train.py --config=configs/demo.py [--config.train.total_steps=60 ...]
+    ragen-train --config=configs/demo.py --workdir=runs/demo [--config.train.total_steps=60 ...]
 """
 import os
 
@@ -23,7 +24,5 @@ WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_star
 def get_config():
     return presets.apply_overrides(bandit.get_config("tiny"), {
         "model.pretrained_path": WARM_START, "train.sft_steps": 0,
-        "train.total_steps": 40, "train.test_freq": 5,
-        "checkpoint.dir": "runs/demo/ckpt", "checkpoint.save_freq": 10, "checkpoint.resume": False,
-        "logging.dir": "runs/demo", "logging.progress_bar": False,
+        "train.total_steps": 40, "train.test_freq": 5, "checkpoint.save_freq": 10, "logging.progress_bar": False,
     })

@@ -1,33 +1,55 @@
-"""Validation rollouts of a config's initial model (e.g. a saved warm start) at one or more temperatures.
+"""Validation rollouts of a trained run's newest checkpoint, or of a config's initial model (e.g. a saved warm
+start), at one or more temperatures.
 
-    .venv/bin/python experiments/evaluate.py --config=configs/demo.py --temperatures=0,0.5,1
-    .venv/bin/python experiments/evaluate.py --config=configs/bandit.py:tiny \
+    ragen-eval --workdir=runs/bandit --temperatures=0,0.5,1 [--config.rollout.val_num_groups=128 ...]
+    ragen-eval --config=configs/demo.py --temperatures=0,0.5,1
+    .venv/bin/python -m experiments.evaluate --config=configs/bandit.py:tiny \
         --config.model.pretrained_path=DIR --config.rollout.val_num_groups=128
 
-Builds the model the config starts RL from (`model.pretrained_path`, else the config's sizes, then the SFT warm
-start when `train.sft_steps` > 0) and runs the training loop's validation rollout (`rollout.val_num_groups` x
+With `--workdir` (a run of experiments/train.py) the config is the run's config.json, with the command line's
+`--config.KEY=VALUE` overrides, and the actor is restored from its newest checkpoint. With `--config` it is the model
+the config starts RL from (`model.pretrained_path`, else the config's sizes, then the SFT warm start when
+`train.sft_steps` > 0). Either runs the training loop's validation rollout (`rollout.val_num_groups` x
 `val_group_size` fixed prompts, top-p 1) once per temperature, printing success, format rate and episode reward.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 import jax
 import jax.numpy as jnp
 
+from experiments import cli
 from experiments.warm_start import starting_model
 from ragen_jax import config as config_lib
-from ragen_jax.train.loop import VALIDATION_TOP_P
+from ragen_jax.train.build import build
+from ragen_jax.train.checkpoint import Checkpointer
+from ragen_jax.train.loop import VALIDATION_TOP_P, run_keys
 from ragen_jax.train.metrics import to_floats
+from ragen_jax.train.step import TrainStep
 from ragen_jax.train.validation import Validator
 
-FLAG = "--temperatures="
 SHOWN = ("success", "format_ok_rate", "episode_reward")
 
 
-def evaluate(config, temperatures=(0.5,), log=print) -> dict[float, dict[str, float]]:
-    """{temperature: validation metrics (`val-env/...` floats)} of the model `config` starts RL from."""
-    parts, params = starting_model(config, log)
+def trained_model(config, log=print):
+    """(parts, actor params) of the newest checkpoint in `checkpoint.dir`; FileNotFoundError when it holds none."""
+    config_lib.validate(config)
+    parts = build(config)
+    train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
+    abstract = jax.eval_shape(train_step.init, run_keys(config.train.seed)[0], parts.params)
+    with Checkpointer(config.checkpoint.dir) as checkpointer:
+        state, _ = checkpointer.restore_latest(abstract)
+    if log:
+        log(f"restored step {int(state.step)} from {checkpointer.directory}")
+    return parts, state.actor
+
+
+def evaluate(config, temperatures=(0.5,), log=print, model=None) -> dict[float, dict[str, float]]:
+    """{temperature: validation metrics (`val-env/...` floats)} of `model` ((parts, params), e.g. `trained_model`),
+    by default the model `config` starts RL from."""
+    parts, params = model or starting_model(config, log)
     validator = Validator(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
     out = {}
     for temperature in temperatures:
@@ -40,14 +62,27 @@ def evaluate(config, temperatures=(0.5,), log=print) -> dict[float, dict[str, fl
     return out
 
 
-def main(argv: list[str]) -> None:
-    values = [a[len(FLAG):] for a in argv[1:] if a.startswith(FLAG)]
+def temperatures(text: str) -> tuple[float, ...]:
+    """`0,0.5,1` -> (0.0, 0.5, 1.0)."""
     try:
-        temperatures = tuple(float(t) for t in values[-1].split(",")) if values else (0.5,)
+        return tuple(float(t) for t in text.split(","))
     except ValueError:
-        raise SystemExit(f"{FLAG}{values[-1]}: expected comma-separated numbers, e.g. {FLAG}0,0.5,1") from None
-    evaluate(config_lib.load([a for a in argv if not a.startswith(FLAG)]), temperatures)
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 0,0.5,1") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = cli.parser(__doc__)
+    parser.add_argument("--temperatures", type=temperatures, default=(0.5,), metavar="T1,T2,...",
+                        help="validation sampling temperatures (default 0.5)")
+    args, config_argv = cli.parse(parser, sys.argv if argv is None else argv)
+    if args.workdir is None:
+        evaluate(cli.load_config(parser, args, config_argv), args.temperatures)
+        return
+    config = cli.load_workdir_config(parser, args, config_argv)
+    with cli.one_line_errors(parser):  # a run without checkpoints yet
+        model = trained_model(config)
+    evaluate(config, args.temperatures, model=model)
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()

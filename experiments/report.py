@@ -1,9 +1,10 @@
 """Plot a run's metrics, or a sweep's members side by side: task success next to the collapse diagnostics
 (docs/diagnostics.md).
 
-    .venv/bin/python experiments/report.py runs/demo/metrics.jsonl [--out runs/demo/report.png]
-    .venv/bin/python experiments/report.py runs/sweep          # a sweep folder (sweep.json): one line per member
-    .venv/bin/python experiments/report.py runs/sweep --group-by filter.value   # mean +- std over the seeds
+    ragen-report runs/demo [--out runs/demo/report.png]     # a run's workdir (or its metrics.jsonl)
+    .venv/bin/python -m experiments.report runs/demo        # the same
+    ragen-report runs/sweep                                 # a sweep folder (sweep.json): one line per member
+    ragen-report runs/sweep --group-by filter.value         # mean +- std over the seeds
 
 With `--group-by` it also prints the summary and Spearman tables and, where the runs hold them, writes the
 four-regime scatter (`report_regimes.png`), the gradient norms by reward-variance bucket (a table and
@@ -311,14 +312,14 @@ def plot_heatmap(groups: dict[str, list[list[dict]]], key: str, out: str) -> str
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("metrics", help="a metrics.jsonl written by the training loop, or a sweep folder")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("metrics", help="a run's workdir or metrics.jsonl, or a sweep folder")
     parser.add_argument("--out", default=None, help="PNG path (default: report.png in the run or sweep folder)")
     parser.add_argument("--group-by", default=None,
                         help="a sweep key (e.g. filter.value), or several comma-separated: one line per value, mean "
                              "and std over the other axes")
-    args = parser.parse_args()
+    args = parser.parse_args(None if argv is None else argv[1:])
     if metrics_lib.is_sweep(args.metrics):
         members = metrics_lib.sweep_rows(args.metrics)
         if args.group_by:
@@ -339,7 +340,8 @@ def main() -> None:
         out = args.out or os.path.join(args.metrics, "report.png")
         print(f"wrote {plot_members(members, out)}")
         return
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.metrics)), "report.png")
+    folder = args.metrics if os.path.isdir(args.metrics) else os.path.dirname(os.path.abspath(args.metrics))
+    out = args.out or os.path.join(folder, "report.png")
     print(f"wrote {plot(read_metrics(args.metrics), out)}")
 
 

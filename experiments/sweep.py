@@ -1,19 +1,20 @@
 """Run a vectorised sweep (`ragen_jax.train.sweep`): every member in one compiled step.
 
-    .venv/bin/python experiments/sweep.py --config=configs/demo.py --config.logging.dir=runs/sweep \
+    ragen-sweep --config=configs/demo.py --workdir=runs/sweep \
         --sweep=filter.value=0.25,0.5,1.0 --sweep=train.seed=0,1 [--config.mesh.sweep=2]
+    .venv/bin/python -m experiments.sweep ...            # the same
 
 Each `--sweep=KEY=V1,V2,...` adds a grid axis (values parsed as Python literals); the members are the cartesian
 product. Metrics land in `<logging.dir>/<member>/metrics.jsonl`, one folder per member, which
-`experiments/report.py` plots like any run. `--distributed`: multi-host, as in experiments/train.py.
+`experiments/report.py` plots like any run. `--workdir=DIR` as in experiments/train.py (its config.json also holds
+the sweep's members: a rerun with other axes is refused); `--distributed`: multi-host, as there.
 """
 from __future__ import annotations
 
 import ast
 import sys
 
-from ragen_jax import config as config_lib
-from ragen_jax import distributed
+from experiments import cli
 from ragen_jax.train.sweep import Sweep, grid
 
 FLAG = "--sweep="
@@ -34,14 +35,23 @@ def parse_axis(text: str) -> tuple[str, list]:
     return key, [literal(v) for v in values.split(",")]
 
 
-def main(argv: list[str]) -> None:
-    axes = dict(parse_axis(a[len(FLAG):]) for a in argv[1:] if a.startswith(FLAG))
+def main(argv: list[str] | None = None) -> None:
+    parser = cli.parser(__doc__)
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="a grid axis (repeatable; at least one): the members are the cartesian product")
+    args, config_argv = cli.parse(parser, sys.argv if argv is None else argv)
+    try:
+        axes = dict(parse_axis(axis) for axis in args.sweep)
+    except ValueError as error:
+        parser.error(str(error))
     if not axes:
-        raise SystemExit(f"give at least one {FLAG}KEY=V1,V2,... axis")
-    argv = distributed.from_command_line(argv)
-    config = config_lib.load([a for a in argv if not a.startswith(FLAG)])
-    Sweep(config, grid(axes)).run()
+        parser.error(f"give at least one {FLAG}KEY=V1,V2,... axis")
+    points = grid(axes)
+    config = cli.load_config(parser, args, config_argv, extra={"sweep": points})
+    with cli.one_line_errors(parser):  # a key that cannot be swept, a mesh.sweep not dividing the members
+        sweep = Sweep(config, points)
+    sweep.run()
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()

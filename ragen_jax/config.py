@@ -218,12 +218,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     return config
 
 
-def load(argv: list[str], num_devices: int | None = None) -> ml_collections.ConfigDict:
+def load(argv: list[str], num_devices: int | None = None,
+         stored: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
     """Parses `--config=FILE` plus `--config.a.b=value` overrides from a command line, then validates.
 
     `argv[0]` is the program name, as in `sys.argv`; `num_devices` as in `validate`. The config file's
     `get_config()` must return a locked ConfigDict, so an override naming a key that does not exist (a typo)
-    raises instead of being ignored.
+    raises instead of being ignored. With `stored` (e.g. a workdir's config.json) the overrides apply to it and
+    `argv` holds no `--config=FILE`.
 
     Example:
       load(["train", "--config=configs/base.py", "--config.filter.value=0.9"])
@@ -232,10 +234,13 @@ def load(argv: list[str], num_devices: int | None = None) -> ml_collections.Conf
     from ml_collections import config_flags
 
     flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file(
-        "config", default=None, help_string="experiment config file", flag_values=flag_values, lock_config=True,
-        sys_argv=list(argv),
-    )
+    if stored is None:
+        config_flags.DEFINE_config_file(
+            "config", default=None, help_string="experiment config file", flag_values=flag_values,
+            lock_config=True, sys_argv=list(argv),
+        )
+    else:
+        config_flags.DEFINE_config_dict("config", stored, flag_values=flag_values, sys_argv=list(argv))
     flag_values(list(argv))
     if flag_values.config is None:
         raise ConfigError("--config", None, "pass --config=configs/<task>.py")

@@ -17,14 +17,6 @@ from typing import Mapping
 import jax
 
 COORDINATOR, NUM_PROCESSES, PROCESS_ID = "RAGEN_COORDINATOR", "RAGEN_NUM_PROCESSES", "RAGEN_PROCESS_ID"
-FLAG = "--distributed"  # the entry points' command-line switch
-
-
-def from_command_line(argv: list[str]) -> list[str]:
-    """Initializes when `argv` holds `--distributed`; returns `argv` without it (for the config parser)."""
-    if FLAG in argv:
-        initialize()
-    return [a for a in argv if a != FLAG]
 
 
 def initialize(environ: Mapping[str, str] = os.environ) -> None:

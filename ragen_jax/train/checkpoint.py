@@ -78,6 +78,12 @@ class Checkpointer:
         # The decision is ours (should_save); orbax's own policy would also save the first step of a run.
         return self._manager.save(step, args=args, force=True)
 
+    def clear(self) -> None:
+        """Deletes every saved step (a run that starts over in this directory: old steps would block its saves)."""
+        self.wait()
+        for step in self.all_steps():
+            self._manager.delete(step)
+
     def wait(self) -> None:
         """Blocks until every started save is on disk."""
         self._manager.wait_until_finished()

@@ -17,6 +17,7 @@ then the same call on every process; only process 0 logs and writes metrics.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable
 
@@ -61,6 +62,16 @@ def initial_params(config, parts, train_step: TrainStep, sft_key: jax.Array, log
     return params
 
 
+def start_over(checkpointer: Checkpointer | None, writers: list[MetricsWriter]) -> None:
+    """Empties the folders of a run that starts from step 0: an earlier run's checkpoints (which would block this
+    run's saves) and metrics lines (which it would append to)."""
+    if checkpointer is not None:
+        checkpointer.clear()
+    for writer in writers:
+        if writer.path is not None and os.path.exists(writer.path):
+            writer.truncate_after(-1)
+
+
 def make_validator(config, parts):
     """(jitted validator params -> metrics, its success keys), or (None, []) when `train.test_freq` <= 0."""
     if config.train.test_freq <= 0:
@@ -97,6 +108,7 @@ def train(config, log: Callable[[str], None] | None = print) -> tuple[object, li
             writer.truncate_after(int(state.step))
             _log(log, f"resumed from step {int(state.step)} in {c.dir}")
         else:
+            start_over(checkpointer, [writer])
             params = initial_params(config, parts, train_step, sft_key, log)
             state = jax.device_put(train_step.init(init_key, params), state_sharding)
         hyper = Hyper.from_config(config, parts.env_params)

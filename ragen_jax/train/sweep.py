@@ -41,7 +41,7 @@ from ragen_jax.train import validation
 from ragen_jax.train.build import build, build_env
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.early_stops import EarlyStops
-from ragen_jax.train.loop import initial_params, make_validator, run_keys, summary_keys
+from ragen_jax.train.loop import initial_params, make_validator, run_keys, start_over, summary_keys
 from ragen_jax.train.metrics import MetricsWriter, summary_line, to_floats
 from ragen_jax.train.step import Hyper, TrainState, TrainStep
 
@@ -196,6 +196,7 @@ class Sweep:
                     writer.truncate_after(int(state.step))
                 self._log(f"resumed from step {int(state.step)} in {c.dir}")
             else:
+                start_over(checkpointer, writers)
                 state = jax.device_put(self.stack_states(states), state_sharding)
             step_fn = self.step_fn(abstract)
             step_keys = jax.device_put(jnp.stack([k[2] for k in self.keys]), self._members_sharding())

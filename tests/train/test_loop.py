@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from configs import base
+from experiments import evaluate as evaluate_cli
 from experiments import report
+from experiments import train as train_cli
 from ragen_jax import distributed
 from ragen_jax.algos import presets
 from ragen_jax.train.checkpoint import Checkpointer
@@ -137,3 +139,35 @@ def test_low_validation_success_stops_before_training(tmp_path):
     assert int(state.step) == 0 and history == []
     assert any("early stop at step 0: validation success below 1.1" in line for line in lines)
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [0]
+
+
+def test_workdir_run_resumes_when_run_again_and_refuses_another_config(tmp_path, capsys):
+    """`ragen-train --workdir=DIR` (ragen_jax/workdir.py) on the config above (its compiled programs are cached;
+    one step, no SFT or validation, to keep it short): config.json, metrics and checkpoints/ land in DIR; the same
+    command again resumes (at its last step: nothing left to run); another config is refused naming its keys;
+    ragen-eval restores the newest checkpoint. The loop's resume itself: the test above."""
+    config_file = tmp_path / "tiny.py"
+    config_file.write_text("from configs import base\nfrom ragen_jax.algos import presets\n\n\ndef get_config():\n"
+                           "    config = presets.preset_config(base.get_config(), 'grpo', filter='paper')\n"
+                           f"    return presets.apply_overrides(config, {TINY!r})\n")
+    run = str(tmp_path / "run")
+    command = ["ragen-train", f"--config={config_file}", f"--workdir={run}", "--config.train.sft_steps=0",
+               "--config.train.test_freq=0", "--config.train.total_steps=1"]
+    train_cli.main(command)
+    with open(os.path.join(run, "config.json"), encoding="utf-8") as f:
+        stored = json.load(f)
+    assert stored["logging"]["dir"] == run and stored["checkpoint"]["dir"] == os.path.join(run, "checkpoints")
+    checkpoints = lambda: Checkpointer(os.path.join(run, "checkpoints")).all_steps()  # noqa: E731
+    assert [r["step"] for r in read_metrics(run)] == [1] and checkpoints() == [1]
+
+    train_cli.main(command)  # resumes at its last step: nothing left to run
+    assert "resumed from step 1" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(run)] == [1] and checkpoints() == [1]
+
+    with pytest.raises(SystemExit):
+        train_cli.main(command + ["--config.train.seed=1"])
+    assert "another config: train.seed (0 -> 1);" in capsys.readouterr().err
+
+    evaluate_cli.main(["ragen-eval", f"--workdir={run}", "--temperatures=0.5"])  # the validation program above
+    out = capsys.readouterr().out
+    assert f"restored step 1 from {os.path.join(run, 'checkpoints')}" in out and "temperature 0.5 | success" in out
