@@ -4,7 +4,8 @@ target.
     experiments/train.py --config=configs/countdown.py $M         # RAGEN-2's setting (Qwen2.5 from a local folder)
     experiments/train.py --config=configs/countdown.py:tiny       # CPU: from scratch
 
-Tiny (q = 0.5) is a starting point, not yet measured to learn (README "Learning at tiny scale").
+Tiny (q = 0.5, 200 warm-start steps, 40 GRPO steps) does not learn the task: validation success 0.0 from step 0 to
+40, while RL raises the format rate 0.77 -> 1.00 (README "Learning at tiny scale").
 """
 from configs import tasks
 
