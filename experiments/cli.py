@@ -56,7 +56,8 @@ def load_config(parser: argparse.ArgumentParser, args: argparse.Namespace, confi
     """The validated config of `--config` and its overrides, placed in `--workdir` when given
     (`ragen_jax.workdir.prepare`, with `extra`); a user mistake exits with one line naming it."""
     with one_line_errors(parser):
-        config = config_lib.load(config_argv)
+        with _unknown_keys(parser):
+            config = config_lib.load(config_argv)
         if args.workdir is not None:
             config = workdir_lib.prepare(config, args.workdir, overridden(config_argv), extra)
         return config
@@ -66,7 +67,7 @@ def load_workdir_config(parser: argparse.ArgumentParser, args: argparse.Namespac
     """The config stored in `--workdir`'s config.json with the command line's `--config.KEY=VALUE` overrides."""
     if any(a.startswith(CONFIG_FLAG) for a in config_argv):
         parser.error("--workdir brings its config.json: give --config.KEY=VALUE overrides only, not --config=FILE")
-    with one_line_errors(parser):
+    with one_line_errors(parser), _unknown_keys(parser):
         return config_lib.load(config_argv, stored=workdir_lib.read_config(args.workdir))
 
 
@@ -75,9 +76,20 @@ def one_line_errors(parser: argparse.ArgumentParser):
     """Turns the config and workdir mistakes of a command line into `parser.error` (usage, one line, exit 2)."""
     try:
         yield
-    except (KeyError, AttributeError) as error:  # ml_collections: an override of a key the locked config lacks
-        while isinstance(error, BaseException) and error.args:  # AttributeError(KeyError(message))
+    except (config_lib.ConfigError, workdir_lib.WorkdirError, flags.Error, OSError) as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        if "Traceback (most recent call last)" in str(error):  # absl quotes a config file's traceback: its last line
+            lines = lines[-1:]
+        parser.error(" ".join(lines))
+
+
+@contextlib.contextmanager
+def _unknown_keys(parser: argparse.ArgumentParser):
+    """`parser.error` for an override of a key the locked config lacks (ml_collections raises KeyError, or
+    AttributeError(KeyError(message)) for a leaf)."""
+    try:
+        yield
+    except (KeyError, AttributeError) as error:
+        while isinstance(error, BaseException) and error.args:
             error = error.args[0]
         parser.error(f"--config.KEY=VALUE names a key the config does not have: {str(error).replace(chr(10), '; ')}")
-    except (config_lib.ConfigError, workdir_lib.WorkdirError, flags.Error, OSError) as error:
-        parser.error(" ".join(line.strip() for line in str(error).splitlines()))  # a config file's OSError spans lines

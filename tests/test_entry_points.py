@@ -48,6 +48,7 @@ def test_sweep_axes_parse_as_python_literals():
     (train_cli.main, ["--config=configs/demo.py", "--config.trian.seed=1"],
      "names a key the config does not have: 'trian'; Did you mean \"train\" instead of \"trian\"?"),
     (train_cli.main, ["--config=configs/missing.py"], "No such file or directory: 'configs/missing.py'"),
+    (train_cli.main, ["--config=configs/bandit.py:bogus"], "error: ValueError: configs/bandit.py:bogus: unknown setting"),
     (sweep_cli.main, ["--config=configs/demo.py"], "error: give at least one --sweep=KEY=V1,V2,... axis"),
     (sweep_cli.main, ["--config=configs/demo.py", "--sweep=filter.value"], "error: --sweep=filter.value: expected"),
 ])
