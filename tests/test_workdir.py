@@ -1,5 +1,5 @@
 """The run's workdir (`ragen_jax.workdir`): the dirs it defaults, the config.json it writes, the configs it refuses,
-and what starting over drops (`train.loop.start_over`). A real run in a workdir, resumed by the same command: tests/train/test_loop.py."""
+and what starting over drops (`train.host.start_over`). A real run in a workdir, resumed by the same command: tests/train/test_loop.py."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import pytest
 from configs import base
 from ragen_jax import workdir
 from ragen_jax.train.checkpoint import Checkpointer
-from ragen_jax.train.loop import start_over
+from ragen_jax.train.host import start_over
 from ragen_jax.train.metrics import MetricsWriter, read_metrics
 
 

@@ -8,7 +8,8 @@ under `val-env/` in the same step's row; step 0 is the untrained policy), saves 
 `checkpoint.save_freq` steps and at the end, and runs RAGEN's early stops (docs/filtering.md#early-stops,
 `train.early_stops`); unlike RAGEN, which stops before that step's actor update, the step has already updated when the
 loop sees its metrics. The stop states travel in the checkpoints. The step key is the same every step (the step folds
-its own counter in), so a resumed run repeats an uninterrupted one exactly.
+its own counter in), so a resumed run repeats an uninterrupted one exactly. The files, the resume-or-start decision
+and the progress bar are `train.host.RunFiles`, shared with the sweep and closed on any exit (a failing step too).
 
 The step runs on the mesh of `config.mesh` (`ragen_jax.sharding`): the batch split over data x fsdp, parameters
 and optimizer states split over fsdp; with one device that is the plain single-device step. Vectorised sweeps
@@ -17,21 +18,19 @@ then the same call on every process; only process 0 logs and writes metrics.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import tqdm
 
 from ragen_jax import config as config_lib
 from ragen_jax import distributed, sharding
 from ragen_jax.train import sft, validation
 from ragen_jax.train.build import build
-from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.early_stops import EarlyStops
-from ragen_jax.train.metrics import MetricsWriter, summary_line, to_floats
+from ragen_jax.train.host import RunFiles
+from ragen_jax.train.metrics import summary_line, to_floats
 from ragen_jax.train.step import Hyper, TrainStep
 from ragen_jax.train.validation import Validator
 
@@ -62,16 +61,6 @@ def initial_params(config, parts, train_step: TrainStep, sft_key: jax.Array, log
     return params
 
 
-def start_over(checkpointer: Checkpointer | None, writers: list[MetricsWriter]) -> None:
-    """Empties the folders of a run that starts from step 0: an earlier run's checkpoints (which would block this
-    run's saves) and metrics lines (which it would append to)."""
-    if checkpointer is not None:
-        checkpointer.clear()
-    for writer in writers:
-        if writer.path is not None and os.path.exists(writer.path):
-            writer.truncate_after(-1)
-
-
 def make_validator(config, parts):
     """(jitted validator params -> metrics, its success keys), or (None, []) when `train.test_freq` <= 0."""
     if config.train.test_freq <= 0:
@@ -93,32 +82,29 @@ def train(config, log: Callable[[str], None] | None = print) -> tuple[object, li
     parts = build(config)
     train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
     init_key, sft_key, step_key = run_keys(config.train.seed)
-    c, lg, total = config.checkpoint, config.logging, config.train.total_steps
-    checkpointer = Checkpointer(c.dir, max_to_keep=c.max_to_keep, save_every=c.save_freq) if c.dir else None
-    writer = MetricsWriter((lg.dir or None) if main else None, tensorboard=lg.tensorboard, every=lg.every)
+    total = config.train.total_steps
     evaluate, success_keys = make_validator(config, parts)
     stops = EarlyStops(config.filter, len(success_keys))
     _log(log, f"mesh {dict(mesh.shape)} over {mesh.devices.size} of {jax.device_count()} devices")
-    with jax.set_mesh(mesh):
+    with RunFiles(config, [config.logging.dir]) as files, jax.set_mesh(mesh):
+        (writer,), checkpointer = files.writers, files.checkpointer
         abstract = jax.eval_shape(train_step.init, init_key, parts.params)
         state_sharding = sharding.state_shardings(abstract, mesh)
-        if checkpointer is not None and c.resume and checkpointer.latest_step() is not None:
-            state, extra = checkpointer.restore_latest(sharding.with_shardings(abstract, state_sharding))
-            stops.load_json(extra["early_stop"])
-            writer.truncate_after(int(state.step))
-            _log(log, f"resumed from step {int(state.step)} in {c.dir}")
-        else:
-            start_over(checkpointer, [writer])
+
+        def fresh_state():
             params = initial_params(config, parts, train_step, sft_key, log)
-            state = jax.device_put(train_step.init(init_key, params), state_sharding)
+            return jax.device_put(train_step.init(init_key, params), state_sharding)
+
+        state, extra = files.restore_or_start(sharding.with_shardings(abstract, state_sharding), fresh_state, log)
+        if extra is not None:
+            stops.load_json(extra["early_stop"])
         hyper = Hyper.from_config(config, parts.env_params)
         replicated = sharding.replicated(mesh)
         step_fn = jax.jit(train_step, in_shardings=(state_sharding, replicated, replicated),
                           out_shardings=(state_sharding, replicated), donate_argnums=0)
         keys = summary_keys(config)
         history = []
-        bar = tqdm.tqdm(total=total, initial=int(state.step), desc="train", unit="step",
-                        disable=not (lg.progress_bar and main))
+        bar = files.progress_bar(int(state.step), "train")
         reason = None
         if int(state.step) == 0 and evaluate is not None:
             val = to_floats(evaluate(state.actor))
@@ -144,10 +130,6 @@ def train(config, log: Callable[[str], None] | None = print) -> tuple[object, li
                 checkpointer.save(step, state, extra, force=reason is not None or step == total)
         if reason is not None:
             _log(log, f"early stop at step {int(state.step)}: {reason} (docs/filtering.md#early-stops)")
-    bar.close()
-    if checkpointer is not None:
-        checkpointer.close()
-    writer.close()
     return state, history
 
 

@@ -30,7 +30,6 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
 
 from environments.pytrees import tree_select
 from ragen_jax import config as config_lib
@@ -39,10 +38,10 @@ from ragen_jax import metrics as metrics_lib
 from ragen_jax.algos.presets import apply_overrides
 from ragen_jax.train import validation
 from ragen_jax.train.build import build, build_env
-from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.early_stops import EarlyStops
-from ragen_jax.train.loop import initial_params, make_validator, run_keys, start_over, summary_keys
-from ragen_jax.train.metrics import MetricsWriter, summary_line, to_floats
+from ragen_jax.train.host import RunFiles
+from ragen_jax.train.loop import initial_params, make_validator, run_keys, summary_keys
+from ragen_jax.train.metrics import summary_line, to_floats
 from ragen_jax.train.step import Hyper, TrainState, TrainStep
 
 SWEEPABLE = ("filter.value", "filter.eps", "algo.gamma", "algo.lam", "algo.high_level_gamma", "algo.kl_coef",
@@ -174,30 +173,24 @@ class Sweep:
     def run(self) -> tuple[TrainState, list[list[dict]]]:
         """Trains every member for `train.total_steps` steps or until it stops early. Returns (stacked final state,
         metrics rows per member)."""
-        c, lg, total = self.config.checkpoint, self.config.logging, self.config.train.total_steps
-        main = distributed.is_main_process()
-        writers = [MetricsWriter(os.path.join(lg.dir, name) if lg.dir and main else None,
-                                 tensorboard=lg.tensorboard, every=lg.every) for name in self.names]
-        checkpointer = Checkpointer(c.dir, max_to_keep=c.max_to_keep, save_every=c.save_freq) if c.dir else None
+        lg, total = self.config.logging, self.config.train.total_steps
         evaluate, success_keys = make_validator(self.config, self.parts)
         stops = [EarlyStops(cfg.filter, len(success_keys)) for cfg in self.configs]
         fired: list[dict[str, Any]] = [{} for _ in self.names]
         self._log(f"sweep of {self.size} members on mesh {dict(self.mesh.shape)}: {', '.join(self.names)}")
-        with jax.set_mesh(self.mesh):
+        log_dirs = [os.path.join(lg.dir, name) if lg.dir else None for name in self.names]
+        with RunFiles(self.config, log_dirs) as files, jax.set_mesh(self.mesh):
+            writers, checkpointer = files.writers, files.checkpointer
             states = self.initial_states()
             abstract = jax.eval_shape(self.stack_states, states)
             state_sharding = self.state_sharding(abstract)
-            if checkpointer is not None and c.resume and checkpointer.latest_step() is not None:
-                state, extra = checkpointer.restore_latest(sharding.with_shardings(abstract, state_sharding))
+            state, extra = files.restore_or_start(sharding.with_shardings(abstract, state_sharding),
+                                                  lambda: jax.device_put(self.stack_states(states), state_sharding),
+                                                  self.log)
+            if extra is not None:
                 for member_stops, saved in zip(stops, extra["early_stop"]):
                     member_stops.load_json(saved)
                 fired = extra["fired"]
-                for writer in writers:
-                    writer.truncate_after(int(state.step))
-                self._log(f"resumed from step {int(state.step)} in {c.dir}")
-            else:
-                start_over(checkpointer, writers)
-                state = jax.device_put(self.stack_states(states), state_sharding)
             step_fn = self.step_fn(abstract)
             step_keys = jax.device_put(jnp.stack([k[2] for k in self.keys]), self._members_sharding())
             hyper, _, hyper_sharding = self.hyper()
@@ -210,8 +203,7 @@ class Sweep:
             histories: list[list[dict]] = [[] for _ in self.names]
             if int(state.step) == 0 and vmapped_eval is not None:
                 self._validate(vmapped_eval, state, 0, None, writers, stops, fired, success_keys)
-            bar = tqdm.tqdm(total=total, initial=int(state.step), desc="sweep", unit="step",
-                            disable=not (lg.progress_bar and main))
+            bar = files.progress_bar(int(state.step), "sweep")
             while int(state.step) < total and not all(fired):
                 start = time.perf_counter()
                 stopped = [bool(f) for f in fired]
@@ -233,14 +225,9 @@ class Sweep:
                 if checkpointer is not None:
                     extra = {"early_stop": [s.to_json() for s in stops], "fired": fired, "members": self.names}
                     checkpointer.save(step, state, extra, force=step == total or all(fired))
-            bar.close()
-        if lg.dir and main:
-            with open(os.path.join(lg.dir, metrics_lib.SWEEP_FILE), "w", encoding="utf-8") as f:
-                json.dump({"members": self.points, "names": self.names, "early_stop": fired}, f, indent=1)
-        for writer in writers:
-            writer.close()
-        if checkpointer is not None:
-            checkpointer.close()
+            if lg.dir and files.main:
+                with open(os.path.join(lg.dir, metrics_lib.SWEEP_FILE), "w", encoding="utf-8") as f:
+                    json.dump({"members": self.points, "names": self.names, "early_stop": fired}, f, indent=1)
         return state, histories
 
     def _validate(self, vmapped_eval, state, step, rows, writers, stops, fired, success_keys) -> None:
