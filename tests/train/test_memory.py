@@ -13,7 +13,7 @@ from ragen_jax.algos import presets as algo_presets
 from ragen_jax.models import presets
 from ragen_jax.train import memory
 
-PARAMS = 494_032_768  # Qwen2.5-0.5B (tests/models/test_presets.py derives it from the shapes)
+PARAMS = 494_032_768  # Qwen2.5-0.5B (tests/models/test_model_presets.py derives it from the shapes)
 VOCAB, LAYERS, KV_HEADS, HEAD_DIM, HIDDEN = 151936, 24, 2, 64, 896
 
 
