@@ -163,6 +163,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         value = _get(config, key)
         if not value >= 0:
             raise ConfigError(key, value, "must be >= 0")
+        if not math.isfinite(value):
+            raise ConfigError(key, value, "must be finite")
     for key in POSITIVE_INT_KEYS:
         value = _get(config, key)
         if not value >= 1:

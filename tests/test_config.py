@@ -180,6 +180,13 @@ def test_negative_schedules_are_refused_zero_means_off(config, key):
         cfg.validate(config, num_devices=8)
 
 
+@pytest.mark.parametrize("key", ["optim.actor_lr", "algo.entropy_coeff", "rollout.temperature"])
+def test_infinite_coefficients_are_refused(config, key):
+    _set(config, key, float("inf"))
+    with pytest.raises(cfg.ConfigError, match=f"config.{key} = inf is invalid: must be finite"):
+        cfg.validate(config, num_devices=8)
+
+
 def test_gradient_analysis_groups_need_two_rollouts(config):
     config.diagnostics.grad_analysis_group_size = 1
     with pytest.raises(cfg.ConfigError, match="grad_analysis_group_size = 1 .*at least 2 rollouts"):
