@@ -18,7 +18,6 @@ For a sweep each panel draws, once per member, its first key that has values (va
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import matplotlib

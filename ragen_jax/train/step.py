@@ -90,7 +90,7 @@ class TrainStep:
     """
 
     def __init__(self, config, env, tokenizer, model_config, chat_format):
-        r, a, d = config.rollout, config.algo, config.diagnostics
+        r, d = config.rollout, config.diagnostics
         self.config, self.model_config = config, model_config
         self.num_groups, self.group_size = r.num_groups, r.group_size
 
