@@ -5,12 +5,15 @@ each script's own flags.
     parser = cli.parser(__doc__)                      # add the script's own flags to it
     args, config_argv = cli.parse(parser, argv)       # starts the multi-host runtime on --distributed
     config = cli.load_config(parser, args, config_argv)
+    with cli.one_line_errors(parser):                 # a UserInputError later: one line, exit 2
+        ...
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import sys
 from typing import Any, Mapping
 
 from absl import flags
@@ -18,6 +21,8 @@ from absl import flags
 from ragen_jax import config as config_lib
 from ragen_jax import distributed
 from ragen_jax import workdir as workdir_lib
+from ragen_jax.errors import UserInputError, one_line
+from ragen_jax.train.build import check_inputs
 
 CONFIG_FLAG, OVERRIDE = "--config=", "--config."
 CONFIG_HELP = """config flags (ml_collections):
@@ -53,11 +58,13 @@ def overridden(config_argv: list[str]) -> set[str]:
 
 def load_config(parser: argparse.ArgumentParser, args: argparse.Namespace, config_argv: list[str],
                 extra: Mapping[str, Any] | None = None):
-    """The validated config of `--config` and its overrides, placed in `--workdir` when given
-    (`ragen_jax.workdir.prepare`, with `extra`); a user mistake exits with one line naming it."""
+    """The validated config of `--config` and its overrides, with the files it names checked
+    (`ragen_jax.train.build.check_inputs`) and only then placed in `--workdir` when given
+    (`ragen_jax.workdir.prepare`, with `extra`); a user mistake exits with one line naming it, nothing written."""
     with one_line_errors(parser):
-        with _unknown_keys(parser):
+        with _config_flag_errors():
             config = config_lib.load(config_argv)
+        check_inputs(config)
         if args.workdir is not None:
             config = workdir_lib.prepare(config, args.workdir, overridden(config_argv), extra)
         return config
@@ -67,29 +74,35 @@ def load_workdir_config(parser: argparse.ArgumentParser, args: argparse.Namespac
     """The config stored in `--workdir`'s config.json with the command line's `--config.KEY=VALUE` overrides."""
     if any(a.startswith(CONFIG_FLAG) for a in config_argv):
         parser.error("--workdir brings its config.json: give --config.KEY=VALUE overrides only, not --config=FILE")
-    with one_line_errors(parser), _unknown_keys(parser):
+    with one_line_errors(parser), _config_flag_errors():
         return config_lib.load(config_argv, stored=workdir_lib.read_config(args.workdir))
 
 
 @contextlib.contextmanager
 def one_line_errors(parser: argparse.ArgumentParser):
-    """Turns the config and workdir mistakes of a command line into `parser.error` (usage, one line, exit 2)."""
+    """A `UserInputError` (a bad config, model folder, tokenizer or workdir) raised in the block prints
+    `<prog>: error: <message>` as the one line on stderr and exits 2; any other exception passes with its traceback."""
     try:
         yield
-    except (config_lib.ConfigError, workdir_lib.WorkdirError, flags.Error, OSError) as error:
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        if "Traceback (most recent call last)" in str(error):  # absl quotes a config file's traceback: its last line
-            lines = lines[-1:]
-        parser.error(" ".join(lines))
+    except UserInputError as error:
+        print(f"{parser.prog}: error: {one_line(str(error))}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 @contextlib.contextmanager
-def _unknown_keys(parser: argparse.ArgumentParser):
-    """`parser.error` for an override of a key the locked config lacks (ml_collections raises KeyError, or
-    AttributeError(KeyError(message)) for a leaf)."""
+def _config_flag_errors():
+    """The mistakes of `--config=FILE` and its overrides as a UserInputError: absl's flag errors (a config file's
+    traceback reduced to its last line), an unreadable file, an override of a key the locked config lacks
+    (ml_collections raises KeyError, or AttributeError(KeyError(message)) for a leaf)."""
     try:
         yield
+    except (flags.Error, OSError) as error:
+        lines = str(error).strip().splitlines()
+        if "Traceback (most recent call last)" in str(error):  # absl quotes a config file's traceback: its last line
+            lines = lines[-1:]
+        raise UserInputError(one_line("\n".join(lines))) from None
     except (KeyError, AttributeError) as error:
         while isinstance(error, BaseException) and error.args:
             error = error.args[0]
-        parser.error(f"--config.KEY=VALUE names a key the config does not have: {str(error).replace(chr(10), '; ')}")
+        raise UserInputError("--config.KEY=VALUE names a key the config does not have: "
+                             + str(error).replace("\n", "; ")) from None

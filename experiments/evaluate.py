@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from experiments import cli
 from experiments.warm_start import starting_model
 from ragen_jax import config as config_lib
+from ragen_jax.errors import UserInputError
 from ragen_jax.train.build import build
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import VALIDATION_TOP_P, run_keys
@@ -34,12 +35,14 @@ SHOWN = ("success", "format_ok_rate", "episode_reward")
 
 
 def trained_model(config, log=print):
-    """(parts, actor params) of the newest checkpoint in `checkpoint.dir`; FileNotFoundError when it holds none."""
+    """(parts, actor params) of the newest checkpoint in `checkpoint.dir`; UserInputError when it holds none."""
     config_lib.validate(config)
-    parts = build(config)
-    train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
-    abstract = jax.eval_shape(train_step.init, run_keys(config.train.seed)[0], parts.params)
     with Checkpointer(config.checkpoint.dir) as checkpointer:
+        if checkpointer.latest_step() is None:
+            raise UserInputError(f"no checkpoint to restore in {checkpointer.directory}: the run has saved no step yet")
+        parts = build(config)
+        train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
+        abstract = jax.eval_shape(train_step.init, run_keys(config.train.seed)[0], parts.params)
         state, _ = checkpointer.restore_latest(abstract)
     if log:
         log(f"restored step {int(state.step)} from {checkpointer.directory}")
@@ -76,12 +79,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="validation sampling temperatures (default 0.5)")
     args, config_argv = cli.parse(parser, sys.argv if argv is None else argv)
     if args.workdir is None:
-        evaluate(cli.load_config(parser, args, config_argv), args.temperatures)
+        config = cli.load_config(parser, args, config_argv)
+        with cli.one_line_errors(parser):
+            evaluate(config, args.temperatures)
         return
     config = cli.load_workdir_config(parser, args, config_argv)
-    with cli.one_line_errors(parser):  # a run without checkpoints yet
-        model = trained_model(config)
-    evaluate(config, args.temperatures, model=model)
+    with cli.one_line_errors(parser):
+        evaluate(config, args.temperatures, model=trained_model(config))
 
 
 if __name__ == "__main__":

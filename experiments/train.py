@@ -9,7 +9,9 @@ TensorBoard events and checkpoints as the config says. `--workdir=DIR` keeps all
 metrics.jsonl, TensorBoard events, checkpoints/); the same command again resumes there, and a DIR holding another
 config's run is refused, naming the keys that differ (`ragen_jax.workdir`). `--distributed` first starts JAX's
 multi-host runtime (`ragen_jax.distributed`: TPU pods, SLURM, Open MPI, or the RAGEN_COORDINATOR /
-RAGEN_NUM_PROCESSES / RAGEN_PROCESS_ID variables); run the same command on every host.
+RAGEN_NUM_PROCESSES / RAGEN_PROCESS_ID variables); run the same command on every host. A bad config, model folder,
+tokenizer or workdir is refused before anything is written, with one line on stderr naming the file, tensor or
+key, and exit code 2 (`ragen_jax.errors.UserInputError`).
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from ragen_jax.train.loop import train
 def main(argv: list[str] | None = None) -> None:
     parser = cli.parser(__doc__)
     args, config_argv = cli.parse(parser, sys.argv if argv is None else argv)
-    train(cli.load_config(parser, args, config_argv))
+    config = cli.load_config(parser, args, config_argv)
+    with cli.one_line_errors(parser):
+        train(config)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from typing import Any, Iterable
 
 import ml_collections
 
+from ragen_jax.errors import UserInputError
+
 ALGORITHMS = ("ppo", "dapo", "grpo", "drgrpo")
 ADV_ESTIMATORS = ("gae", "grpo")
 FILTER_STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
@@ -55,6 +57,15 @@ NON_NEGATIVE_KEYS = (
     "diagnostics.grad_analysis_every",
     "diagnostics.grad_analysis_num_groups",
     "diagnostics.grad_analysis_group_size",
+    "rollout.top_k",
+    "algo.critic_warmup",
+    "optim.warmup_steps",
+    "filter.empty_stop_steps",
+    "filter.rv_collapse_window",
+    "filter.rv_collapse_ratio",
+    "filter.val_success_patience",
+    "diagnostics.std_eps",
+    "model.vocab_size",
 )
 POSITIVE_INT_KEYS = (
     "rollout.num_groups",
@@ -75,10 +86,29 @@ POSITIVE_INT_KEYS = (
     "checkpoint.max_to_keep",
     "logging.every",
     "diagnostics.grad_analysis_num_buckets",
+    # the sizes of a model built from the config (a preset's or a folder's own are checked where they are read)
+    "model.d_model",
+    "model.num_layers",
+    "model.num_heads",
+    "model.num_kv_heads",
+    "model.mlp_dim",
+    "model.max_seq_len",
 )
+# Keys that are probabilities or decay rates: in [0, 1].
+UNIT_INTERVAL_KEYS = (
+    "train.sft_oracle_prob",
+    "env.success_rate",
+    "rollout.top_p",
+    "filter.val_success_floor",
+    "diagnostics.ema_decay",
+    "optim.b1",
+    "optim.b2",
+)
+# Keys that divide or scale by themselves: > 0.
+POSITIVE_KEYS = ("model.rope_theta", "model.norm_eps")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserInputError):
     """An invalid config value; the message names the key, the value and what is allowed."""
 
     def __init__(self, key: str, value: Any, allowed: str):
@@ -112,6 +142,17 @@ def _check_filter_value(config) -> None:
         ok, allowed = 0.0 < value <= 1.0, f"{strategy} needs a value in (0, 1]"
     if not ok or not math.isfinite(value):
         raise ConfigError("filter.value", value, allowed)
+
+
+def _check_lengths(config) -> None:
+    """A turn's response must leave room for its prompt in the trajectory; the dual-clip bound must exceed 1."""
+    r = config.rollout
+    if r.response_length >= r.max_model_len:
+        raise ConfigError("rollout.response_length", r.response_length,
+                          f"a turn's prompt and response must fit in rollout.max_model_len = {r.max_model_len}")
+    if not config.algo.clip_ratio_c > 1.0:
+        raise ConfigError("algo.clip_ratio_c", config.algo.clip_ratio_c,
+                          "the dual-clip bound must be > 1 (it caps the loss of negative advantages at c times)")
 
 
 def mesh_data_size(config: ml_collections.ConfigDict, num_devices: int) -> int:
@@ -169,6 +210,15 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         value = _get(config, key)
         if not value >= 1:
             raise ConfigError(key, value, "must be >= 1")
+    for key in UNIT_INTERVAL_KEYS:
+        value = _get(config, key)
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(key, value, "must be in [0, 1]")
+    for key in POSITIVE_KEYS:
+        value = _get(config, key)
+        if not 0.0 < value < math.inf:
+            raise ConfigError(key, value, "must be > 0 and finite")
+    _check_lengths(config)
 
     group_size = config.rollout.group_size
     if group_size < 2 and config.filter.metric in VARIANCE_FILTER_METRICS:
@@ -180,8 +230,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     if config.diagnostics.grad_analysis_group_size == 1:
         raise ConfigError("diagnostics.grad_analysis_group_size", 1,
                           "a group's reward variance needs at least 2 rollouts (0 = rollout.group_size)")
-    if not 0.0 <= config.train.sft_oracle_prob <= 1.0:
-        raise ConfigError("train.sft_oracle_prob", config.train.sft_oracle_prob, "must be a probability in [0, 1]")
     if config.train.sft_batch_size < 0:
         raise ConfigError("train.sft_batch_size", config.train.sft_batch_size,
                           "must be >= 0 (0 = the rollout's batch size)")

@@ -20,6 +20,7 @@ import ml_collections
 
 from ragen_jax import distributed
 from ragen_jax.algos.presets import apply_overrides
+from ragen_jax.errors import UserInputError, reraised
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS = "checkpoints"
@@ -30,8 +31,9 @@ RESUMABLE = ("train.total_steps", "checkpoint.", "logging.", "mesh.data", "mesh.
 _MAX_LISTED = 6  # differing keys named in the refusal
 
 
-class WorkdirError(ValueError):
-    """A workdir that holds a run of another config; the message names the differing keys."""
+class WorkdirError(UserInputError):
+    """A workdir that holds a run of another config (the message names the differing keys), holds checkpoints
+    without their config.json, or cannot be written."""
 
 
 def with_dirs(config: ml_collections.ConfigDict, workdir: str,
@@ -58,7 +60,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, overridden: Collect
       config: the run's config; workdir: the run's folder (created if missing); overridden: as in `with_dirs`;
       extra: more of the run's identity stored and compared next to the config keys (a sweep's `{"sweep": points}`).
     Raises:
-      WorkdirError: config.json holds another config and `checkpoint.resume` is on.
+      WorkdirError: with `checkpoint.resume` on, config.json holds another config or is unreadable, or checkpoints
+        lie there without one; the folder cannot be written.
     """
     if not workdir:
         raise WorkdirError("--workdir is empty: give the run's folder, e.g. --workdir=runs/bandit")
@@ -66,19 +69,37 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, overridden: Collect
     resolved = json.loads(json.dumps({**config.to_dict(), **(extra or {})}))  # as it reads back from the file
     path = os.path.join(workdir, CONFIG_FILE)
     if config.checkpoint.resume and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            differing = differences(json.load(f), resolved)
+        differing = differences(_read_json(path), resolved)
         if differing:
             listed = ", ".join(differing[:_MAX_LISTED])
             more = f" and {len(differing) - _MAX_LISTED} more" if len(differing) > _MAX_LISTED else ""
             raise WorkdirError(f"{path} holds a run of another config: {listed}{more}; rerun with its config, use a "
                                "fresh --workdir, or pass --config.checkpoint.resume=False to start over")
+    elif config.checkpoint.resume and _holds_checkpoints(config.checkpoint.dir):
+        raise WorkdirError(f"{config.checkpoint.dir} holds checkpoints but {path} does not exist, so they may be "
+                           "another config's: use a fresh --workdir, or pass --config.checkpoint.resume=False to "
+                           "start over")
     if distributed.is_main_process():
-        os.makedirs(workdir, exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(resolved, f, indent=2)
-        os.replace(path + ".tmp", path)
+        with reraised(WorkdirError, f"--workdir={workdir} cannot be written", OSError):
+            os.makedirs(workdir, exist_ok=True)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(resolved, f, indent=2)
+            os.replace(path + ".tmp", path)
     return config
+
+
+def _holds_checkpoints(directory: str) -> bool:
+    return os.path.isdir(directory) and any(os.scandir(directory))
+
+
+def _read_json(path: str) -> dict:
+    """The JSON object stored in `path`; WorkdirError naming the file when it is unreadable or not an object."""
+    with reraised(WorkdirError, f"{path} is not readable JSON", OSError, UnicodeDecodeError, json.JSONDecodeError):
+        with open(path, encoding="utf-8") as f:
+            stored = json.load(f)
+    if not isinstance(stored, dict):
+        raise WorkdirError(f"{path} holds a JSON {type(stored).__name__}, not a run's config")
+    return stored
 
 
 def read_config(workdir: str) -> ml_collections.ConfigDict:
@@ -88,8 +109,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.exists(path):
         raise WorkdirError(f"{path} does not exist: --workdir names the folder of a run started with --workdir")
-    with open(path, encoding="utf-8") as f:
-        stored = json.load(f)
+    stored = _read_json(path)
     if "sweep" in stored:
         raise WorkdirError(f"{workdir} holds a sweep (its checkpoints stack the members): give a single run's workdir")
     config = ml_collections.ConfigDict(stored)

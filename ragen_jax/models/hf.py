@@ -13,7 +13,13 @@ plus one read tensor (and, off the CPU default device, one leaf in transit).
 
 Supported: ``Qwen2ForCausalLM`` (q/k/v bias) and ``LlamaForCausalLM`` without attention/MLP bias; RoPE
 theta under ``rope_theta`` (transformers 4) or ``rope_parameters`` (transformers 5), RoPE types
-``default`` and ``llama3``; tied or untied LM head. Anything else raises naming the unsupported value.
+``default`` and ``llama3``; tied or untied LM head; float32, bfloat16, float16 or float64 tensors. Anything else
+raises naming the unsupported value.
+
+A bad folder raises :class:`CheckpointError` (a ``ragen_jax.errors.UserInputError``) naming the file, and the
+tensor or key: a missing or malformed ``config.json``, an unsupported setting, no weights file, an index naming a
+missing shard, a truncated or corrupt safetensors file, a missing, unexpected, wrong-shaped, non-float or
+non-finite tensor. :func:`check_pretrained` runs every check but the last without reading the weights.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from ragen_jax.errors import UserInputError, reraised
 from ragen_jax.models.config import Llama3RopeScaling, ModelConfig
 from ragen_jax.models.transformer import Model, init_params
 
@@ -38,6 +45,11 @@ _MODEL_TYPES = {QWEN2: "qwen2", LLAMA: "llama"}
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors dtype names the loader casts to float32
+# config.json keys holding a positive int: required, then optional.
+_SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_OPTIONAL_SIZE_KEYS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+_LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # Per-layer HF tensor "model.layers.{i}.<name>" -> (our "layers" leaf, whether it is a transposed Linear weight).
 _LAYER_TENSORS = {
     "input_layernorm.weight": (("input_norm", "scale"), False),
@@ -60,8 +72,8 @@ _GLOBAL_TENSORS = {
 }
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that does not match the model it describes (names the tensor or config key)."""
+class CheckpointError(UserInputError):
+    """A model folder that cannot be loaded: the message names the file, and the tensor or config key."""
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -89,6 +101,9 @@ def _rope(hf: dict) -> tuple[float, Llama3RopeScaling | None]:
         return float(theta), None
     if rope_type != "llama3":
         raise CheckpointError(f"unsupported RoPE type {rope_type!r} (supported: 'default', 'llama3')")
+    missing = [k for k in _LLAMA3_ROPE_KEYS if k not in scaling]
+    if missing:
+        raise CheckpointError(f"llama3 RoPE scaling lacks {missing}")
     return float(theta), Llama3RopeScaling(
         factor=float(scaling["factor"]), low_freq_factor=float(scaling["low_freq_factor"]),
         high_freq_factor=float(scaling["high_freq_factor"]),
@@ -106,20 +121,25 @@ def config_from_hf(hf: dict, compute_dtype: str = "float32") -> tuple[ModelConfi
     for key, bad in unsupported.items():
         if bad:
             raise CheckpointError(f"unsupported {arch} setting {key} = {hf[key]!r}")
-    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                           "num_attention_heads") if k not in hf]
+    missing = [k for k in _SIZE_KEYS if k not in hf]
     if missing:
-        raise CheckpointError(f"{CONFIG_FILE} lacks {missing}")
-    theta, scaling = _rope(hf)
+        raise CheckpointError(f"lacks the required keys {missing}")
+    for key in (*_SIZE_KEYS, *_OPTIONAL_SIZE_KEYS):
+        value = hf.get(key)
+        if value is not None and (type(value) is not int or value <= 0):
+            raise CheckpointError(f"{key} = {value!r} is not a positive integer")
     heads = hf["num_attention_heads"]
-    return ModelConfig(
-        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, mlp_dim=hf["intermediate_size"],
-        rope_theta=theta, qkv_bias=arch == QWEN2, tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        max_seq_len=hf.get("max_position_embeddings", 32768 if arch == QWEN2 else 2048),
-        compute_dtype=compute_dtype, rope_scaling=scaling), arch
+    # a theta, eps or RoPE factor that is not a number, and ModelConfig's own checks (heads dividing evenly, ...)
+    with reraised(CheckpointError, "invalid value", ValueError, TypeError, AttributeError):
+        theta, scaling = _rope(hf)
+        return ModelConfig(
+            vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+            num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, mlp_dim=hf["intermediate_size"],
+            rope_theta=theta, qkv_bias=arch == QWEN2, tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            max_seq_len=hf.get("max_position_embeddings", 32768 if arch == QWEN2 else 2048),
+            compute_dtype=compute_dtype, rope_scaling=scaling), arch
 
 
 def config_to_hf(config: ModelConfig, architecture: str | None = None) -> dict:
@@ -176,17 +196,32 @@ def _hf_shape(leaf_shape: tuple[int, ...], layer: int | None, transposed: bool) 
 
 
 # ------------------------------------------------------------------------------------------------ loading
-def _shard_files(path: str) -> list[str]:
+def _read_json(file: str) -> Any:
+    """The JSON value in `file`; CheckpointError naming the file when it is unreadable or not JSON."""
+    with reraised(CheckpointError, f"{file} is not readable JSON", OSError, UnicodeDecodeError, json.JSONDecodeError):
+        with open(file, encoding="utf-8") as f:
+            return json.load(f)
+
+
+def _shard_files(path: str) -> tuple[str, list[str]]:
+    """(the file listing the tensors: model.safetensors or the index, the safetensors files to open)."""
     single, index = os.path.join(path, WEIGHTS_FILE), os.path.join(path, INDEX_FILE)
     if os.path.isfile(single):
-        return [single]
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            return [os.path.join(path, s) for s in sorted(set(json.load(f)["weight_map"].values()))]
-    raise FileNotFoundError(f"no {WEIGHTS_FILE} or {INDEX_FILE} in checkpoint folder {path!r}")
+        return single, [single]
+    if not os.path.isfile(index):
+        raise CheckpointError(f"no {WEIGHTS_FILE} or {INDEX_FILE} in model folder {path}")
+    stored = _read_json(index)
+    weight_map = stored.get("weight_map") if isinstance(stored, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
+        raise CheckpointError(f"{index} lacks a weight_map of tensor name -> shard file name")
+    for name, shard in weight_map.items():
+        if os.path.basename(shard) != shard or not os.path.isfile(os.path.join(path, shard)):
+            raise CheckpointError(f"{index} puts tensor {name!r} in shard {shard!r}, which is not a file of {path}")
+    return index, [os.path.join(path, s) for s in sorted(set(weight_map.values()))]
 
 
 def _set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    """Sets `tree[path[0]][path[1]]...` = value, creating the dicts on the way."""
     for key in path[:-1]:
         tree = tree.setdefault(key, {})
     tree[path[-1]] = value
@@ -196,9 +231,50 @@ def read_config(path: str, compute_dtype: str = "float32") -> ModelConfig:
     """The ModelConfig of checkpoint folder `path`'s ``config.json`` (no weights read)."""
     config_file = os.path.join(path, CONFIG_FILE)
     if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"no {CONFIG_FILE} in checkpoint folder {path!r}")
-    with open(config_file, encoding="utf-8") as f:
-        return config_from_hf(json.load(f), compute_dtype)[0]
+        where = "model folder" if os.path.isdir(path) else "missing model folder"
+        raise CheckpointError(f"no {CONFIG_FILE} in {where} {path}")
+    hf = _read_json(config_file)
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{config_file} holds a JSON {type(hf).__name__}, not a model config")
+    try:
+        return config_from_hf(hf, compute_dtype)[0]
+    except CheckpointError as error:
+        raise CheckpointError(f"{config_file}: {error}") from None
+
+
+@contextlib.contextmanager
+def _checked_folder(path: str, compute_dtype: str) -> Iterator[tuple[ModelConfig, dict, dict, dict]]:
+    """(ModelConfig, `tensor_map`, leaf shapes, tensor name -> (file, open safetensors handle)) of a folder whose
+    config, tensor names, shapes and dtypes are checked; the files stay open in the block."""
+    config = read_config(path, compute_dtype)
+    expected = tensor_map(config)
+    leaf_shapes = _leaf_shapes(config)
+    source, files = _shard_files(path)
+    with contextlib.ExitStack() as stack:
+        location = {}
+        for file in files:
+            with reraised(CheckpointError, f"{file} is not a readable safetensors file (truncated or corrupt?)",
+                          safetensors.SafetensorError, OSError):
+                handle = stack.enter_context(safetensors.safe_open(file, framework="numpy"))
+            location.update({name: (file, handle) for name in handle.keys()})
+        _check_names(expected, location, config.tie_embeddings, source)
+        for name, (leaf, layer, transposed) in expected.items():
+            file, handle = location[name]
+            tensor = handle.get_slice(name)
+            want, got = _hf_shape(leaf_shapes[leaf], layer, transposed), tuple(tensor.get_shape())
+            if got != want:
+                raise CheckpointError(f"tensor {name!r} has shape {got}, expected {want} from {CONFIG_FILE}: {file}")
+            if tensor.get_dtype() not in FLOAT_DTYPES:
+                raise CheckpointError(f"tensor {name!r} has dtype {tensor.get_dtype()}, expected one of "
+                                      f"{FLOAT_DTYPES}: {file}")
+        yield config, expected, leaf_shapes, location
+
+
+def check_pretrained(path: str, compute_dtype: str = "float32") -> ModelConfig:
+    """The ModelConfig of checkpoint folder `path` after every check :func:`load_pretrained` makes before reading
+    the weights (config, files, tensor names, shapes, dtypes); CheckpointError naming the first bad file or tensor."""
+    with _checked_folder(path, compute_dtype) as (config, *_):
+        return config
 
 
 def load_pretrained(path: str, compute_dtype: str = "float32", shardings: Any = None) -> Model:
@@ -206,50 +282,43 @@ def load_pretrained(path: str, compute_dtype: str = "float32", shardings: Any = 
 
     shardings: optional pytree of ``jax.sharding.Sharding`` matching the params (e.g. FSDP): each leaf is
       transferred straight to its sharding. Default: the default device.
-    Raises CheckpointError naming any missing, unexpected or wrong-shaped tensor or unsupported setting,
-    FileNotFoundError naming a missing file.
+    Raises CheckpointError naming the file and any missing, unexpected, wrong-shaped, non-float or non-finite
+    tensor, unsupported setting or missing file.
     """
-    config = read_config(path, compute_dtype)
-    expected = tensor_map(config)
-    leaf_shapes = _leaf_shapes(config)
-    with contextlib.ExitStack() as stack:
-        location = {}
-        for file in _shard_files(path):
-            handle = stack.enter_context(safetensors.safe_open(file, framework="numpy"))
-            location.update({name: handle for name in handle.keys()})
-        _check_names(expected, location, config.tie_embeddings)
-        for name, (leaf, layer, transposed) in expected.items():
-            want = _hf_shape(leaf_shapes[leaf], layer, transposed)
-            got = tuple(location[name].get_slice(name).get_shape())
-            if got != want:
-                raise CheckpointError(f"tensor {name!r} has shape {got}, expected {want} from {CONFIG_FILE}")
+    with _checked_folder(path, compute_dtype) as (config, expected, leaf_shapes, location):
         params: dict = {}
         for leaf, shape in leaf_shapes.items():
             buffer = _aligned_empty(shape)
             for name, (leaf_of_name, layer, transposed) in expected.items():
                 if leaf_of_name == leaf:
-                    tensor = location[name].get_tensor(name)
+                    file, handle = location[name]
+                    tensor = handle.get_tensor(name)
                     target = buffer[layer] if layer is not None else buffer
                     target[...] = tensor.T if transposed else tensor  # casts bfloat16/float16 into float32
+                    if not np.isfinite(target).all():
+                        raise CheckpointError(f"tensor {name!r} holds NaN or infinite values: {file}")
             sharding = _subtree(shardings, leaf)
             _set_path(params, leaf, _to_device(buffer, sharding))
             del buffer
     return Model(config, params)
 
 
-def _check_names(expected: dict, present: dict, tied: bool) -> None:
+def _check_names(expected: dict, present: dict, tied: bool, source: str) -> None:
+    """CheckpointError naming `source` (the weights file or index) and the first missing or unexpected tensor."""
     ignored = {n for n in present if n.endswith("rotary_emb.inv_freq")}  # a derived buffer of old checkpoints
     head, embedding = "lm_head.weight", "model.embed_tokens.weight"
     if tied and head in present and embedding in present:  # some tied checkpoints store the head as a copy
-        if not np.array_equal(present[head].get_tensor(head), present[embedding].get_tensor(embedding)):
-            raise CheckpointError(f"tensor {head!r} differs from {embedding!r} although tie_word_embeddings is true")
+        if not np.array_equal(present[head][1].get_tensor(head), present[embedding][1].get_tensor(embedding)):
+            raise CheckpointError(f"tensor {head!r} differs from {embedding!r} although tie_word_embeddings is "
+                                  f"true: {source}")
         ignored.add(head)
     missing = sorted(set(expected) - set(present), key=_natural)
     unexpected = sorted(set(present) - set(expected) - ignored, key=_natural)
     if missing:
-        raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing: {missing[:8]})")
+        raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing: {missing[:8]}): {source}")
     if unexpected:
-        raise CheckpointError(f"unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected: {unexpected[:8]})")
+        raise CheckpointError(f"unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected: "
+                              f"{unexpected[:8]}): {source}")
 
 
 def _natural(name: str) -> list:

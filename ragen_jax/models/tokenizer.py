@@ -14,6 +14,8 @@ any text round-trips exactly) and whole words of the built-in environments' text
 deterministic greedy longest match. :func:`load` reads a HF ``tokenizer.json`` through the
 ``tokenizers`` library directly (``AutoTokenizer`` may change ids). :func:`qwen` gives the real Qwen2.5 or
 Qwen3.6 vocabulary (``ragen_jax/models/qwen_tokenizer.py``); :func:`make` builds the one a config names.
+A missing, unreadable or malformed file, or one without the end-of-turn or pad token, raises
+:class:`TokenizerError` (a ``ragen_jax.errors.UserInputError``) naming the file.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import os
 from collections.abc import Iterable, Sequence
 
 import tokenizers
+
+from ragen_jax.errors import UserInputError, reraised
 
 PAD = "<pad>"
 END = "<|end|>"
@@ -62,6 +66,10 @@ BUILTIN_WORDS = (
     "into", "go", "onto", "use", "sum", "add", "subtract", "multiply", "divide", "result", "numbers",
     "we", "not", "my", "that", "now", "path", "safe", "steps",
 )
+
+
+class TokenizerError(UserInputError):
+    """A tokenizer file that cannot be used: missing, malformed, or without a token it needs (names the file)."""
 
 
 class Tokenizer(abc.ABC):
@@ -245,7 +253,7 @@ class HFTokenizer(Tokenizer):
         if eos_token is None:
             eos_token = next((t for t in END_OF_TURN_TOKENS if t in self.special_tokens), None)
         if eos_token is None:
-            raise KeyError(f"{source}: no end-of-turn token among {END_OF_TURN_TOKENS} and none given "
+            raise TokenizerError(f"{source}: no end-of-turn token among {END_OF_TURN_TOKENS} and none given "
                            f"(pass eos_token= or set eos_token in {HF_CONFIG_FILE})")
         self._eos_token, self._pad_token = eos_token, pad_token if pad_token is not None else eos_token
         self.eos_id = self._lookup(self._eos_token, "eos_token")
@@ -254,7 +262,7 @@ class HFTokenizer(Tokenizer):
     def _lookup(self, token: str, role: str) -> int:
         i = self.tokenizer.token_to_id(token)
         if i is None:
-            raise KeyError(f"{self.source}: {role} {token!r} is not in the vocabulary")
+            raise TokenizerError(f"{self.source}: {role} {token!r} is not in the vocabulary")
         return i
 
     def encode(self, text: str) -> list[int]:
@@ -331,8 +339,13 @@ def _file_in(path: str, default_name: str) -> str:
 
 
 def _read_json(file: str) -> dict:
-    with open(file, encoding="utf-8") as f:
-        return json.load(f)
+    """The JSON object in `file`; TokenizerError naming the file when it is unreadable or not an object."""
+    with reraised(TokenizerError, f"{file} is not readable JSON", OSError, UnicodeDecodeError, json.JSONDecodeError):
+        with open(file, encoding="utf-8") as f:
+            data = json.load(f)
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{file} holds a JSON {type(data).__name__}, not a tokenizer")
+    return data
 
 
 def _config_token(config: dict, key: str) -> str | None:
@@ -346,23 +359,26 @@ def load(path: str, eos_token: str | None = None, pad_token: str | None = None) 
     A folder is searched for ``tokenizer.json`` (HF) and then ``builtin_tokenizer.json`` (saved by
     :meth:`BuiltinTokenizer.save`). For HF files, eos is (in order) ``eos_token``, the first of
     :data:`END_OF_TURN_TOKENS` present, ``eos_token`` of a ``tokenizer_config.json`` beside the file;
-    pad is ``pad_token``, the config's ``pad_token``, else the eos token.
+    pad is ``pad_token``, the config's ``pad_token``, else the eos token. TokenizerError names a missing or
+    malformed file.
     """
     file = path
     if os.path.isdir(path):
         candidates = [os.path.join(path, name) for name in (HF_FILE, BUILTIN_FILE)]
         file = next((c for c in candidates if os.path.isfile(c)), None)
         if file is None:
-            raise FileNotFoundError(f"no {HF_FILE} or {BUILTIN_FILE} in tokenizer folder {path!r}")
+            raise TokenizerError(f"no {HF_FILE} or {BUILTIN_FILE} in tokenizer folder {path!r}")
     elif not os.path.isfile(path):
-        raise FileNotFoundError(f"tokenizer file {path!r} does not exist")
+        raise TokenizerError(f"tokenizer file {path!r} does not exist")
     data = _read_json(file)
     if data.get("format") == _BUILTIN_FORMAT:
-        return BuiltinTokenizer([bytes.fromhex(p) for p in data["pieces"]], data["special_tokens"],
-                                pad_token or data["pad_token"], eos_token or data["eos_token"])
+        with reraised(TokenizerError, f"{file} is not a valid builtin tokenizer", KeyError, ValueError, TypeError):
+            return BuiltinTokenizer([bytes.fromhex(p) for p in data["pieces"]], data["special_tokens"],
+                                    pad_token or data["pad_token"], eos_token or data["eos_token"])
     config_file = os.path.join(os.path.dirname(file), HF_CONFIG_FILE)
     config = _read_json(config_file) if os.path.isfile(config_file) else {}
-    hf = tokenizers.Tokenizer.from_file(file)
+    with reraised(TokenizerError, f"{file} is not a HF tokenizer.json", Exception):  # tokenizers raises Exception
+        hf = tokenizers.Tokenizer.from_file(file)
     added = {t.content for t in hf.get_added_tokens_decoder().values()}
     if eos_token is None and not any(t in added for t in END_OF_TURN_TOKENS):
         eos_token = _config_token(config, "eos_token")

@@ -6,7 +6,9 @@
 The env receives the rollout's action budget and thinking mode, `env.kwargs` as constructor overrides, and
 `env.success_rate` when its params have that field (FrozenLake's slip probability). The model is loaded from
 `model.pretrained_path` (HF safetensors) or built with `model.init_seed` from the shapes of `model.preset` or the
-`model` sizes (`build_model_config`).
+`model` sizes (`build_model_config`). `check_inputs(config)` reads the files a config names and checks them against
+each other without building the model, so the entry points refuse bad input (a `ragen_jax.errors.UserInputError`
+naming the file, tensor or key) before they write anything.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import jax.numpy as jnp
 
 import environments
 from configs import base
-from ragen_jax.config import ConfigError
+from ragen_jax.config import ConfigError, check_choice
+from ragen_jax.errors import UserInputError, reraised
 from ragen_jax.models import chat as chat_lib
 from ragen_jax.models import hf, presets, transformer
 from ragen_jax.models import tokenizer as tok_lib
@@ -37,25 +40,48 @@ class Parts:
 
 
 def build_tokenizer(config) -> tok_lib.Tokenizer:
-    return tok_lib.make(config.tokenizer.kind, config.tokenizer.path)
+    """The tokenizer of `config.tokenizer`; `tokenizer.path` (kind json) is resolved and must exist (ConfigError)."""
+    t = config.tokenizer
+    return tok_lib.make(t.kind, existing_path("tokenizer.path", t.path) if t.kind == "json" else t.path)
+
+
+def build_chat_format(config, tokenizer: tok_lib.Tokenizer) -> chat_lib.ChatFormat:
+    """`config.tokenizer.chat_format`, checked against `tokenizer`: TokenizerError naming the tokenizer and the first
+    of the format's markers it lacks as a single token, or an end of turn other than its eos."""
+    chat_format = chat_lib.get(config.tokenizer.chat_format)
+    try:
+        chat_format.check_tokenizer(tokenizer)
+    except (KeyError, ValueError) as error:  # KeyError: a marker that is no single token; ValueError: another eos
+        source = config.tokenizer.path if config.tokenizer.kind == "json" else f"the {config.tokenizer.kind} tokenizer"
+        raise tok_lib.TokenizerError(f"{source} does not fit tokenizer.chat_format = {chat_format.name!r}: "
+                                     f"{error.args[0]}") from None
+    return chat_format
 
 
 def build_env(config, tokenizer):
     """(env, env_params) of `config.env` with the rollout's action budget and thinking mode."""
     r = config.rollout
+    check_env_name(config)
     overrides = dict(config.env.kwargs.to_dict(), max_actions_per_turn=r.max_actions_per_turn,
                      max_actions_per_traj=r.max_actions_per_traj, enable_think=r.enable_think)
-    env, params = environments.make(config.env.name, tokenizer, **overrides)
+    with reraised(UserInputError, "config.env.kwargs", TypeError):  # a constructor argument the env lacks
+        env, params = environments.make(config.env.name, tokenizer, **overrides)
     if hasattr(params, "success_rate"):
         params = params.replace(success_rate=jnp.float32(config.env.success_rate))
     return env, params
 
 
-def existing_folder(key: str, path: str) -> str:
-    """The absolute path (`~` expanded) of config `key`'s folder `path`; ConfigError naming the key if there is none."""
+def check_env_name(config) -> None:
+    """ConfigError naming `env.name` unless it is a registered environment."""
+    check_choice("env.name", config.env.name, environments.registered())
+
+
+def existing_path(key: str, path: str, folder: bool = False) -> str:
+    """The absolute path (`~` expanded) of config `key`'s `path`; ConfigError naming the key if nothing is there
+    (with `folder`: no folder)."""
     resolved = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isdir(resolved):
-        raise ConfigError(key, path, f"no such folder: {resolved}")
+    if not (os.path.isdir(resolved) if folder else os.path.exists(resolved)):
+        raise ConfigError(key, path, f"no such {'folder' if folder else 'file or folder'}: {resolved}")
     return resolved
 
 
@@ -68,18 +94,19 @@ def build_model_config(config, tokenizer) -> ModelConfig:
     told apart) or equal the preset's value; any other value is a ConfigError naming the key. `model.max_seq_len`
     left at its default becomes the preset's max positions (32,768); set, it may only narrow them.
     `model.compute_dtype` and `model.init_seed` apply to a preset as to any model.
-    Raises ValueError when the model's vocabulary is smaller than the tokenizer's.
+    Raises UserInputError when the model's vocabulary is smaller than the tokenizer's.
     """
     m = config.model
     if m.pretrained_path:
-        model_config = hf.read_config(existing_folder("model.pretrained_path", m.pretrained_path), m.compute_dtype)
+        model_config = hf.read_config(pretrained_folder(config), m.compute_dtype)
     elif m.preset:
         model_config = _preset_config(m)
     else:
-        return ModelConfig.from_config(m, tokenizer.vocab_size)
+        with reraised(UserInputError, "config.model", ValueError):  # sizes that do not fit together, e.g. heads
+            return ModelConfig.from_config(m, tokenizer.vocab_size)
     if model_config.vocab_size < tokenizer.vocab_size:
         source = f"model.pretrained_path {m.pretrained_path!r}" if m.pretrained_path else f"model.preset {m.preset!r}"
-        raise ValueError(f"{source} has vocab_size {model_config.vocab_size} < the tokenizer's {tokenizer.vocab_size}")
+        raise UserInputError(f"{source} has vocab_size {model_config.vocab_size} < the tokenizer's {tokenizer.vocab_size}")
     return model_config
 
 
@@ -105,14 +132,32 @@ def build_model(config, tokenizer) -> tuple[ModelConfig, Any]:
     m = config.model
     model_config = build_model_config(config, tokenizer)
     if m.pretrained_path:
-        model = hf.load_pretrained(existing_folder("model.pretrained_path", m.pretrained_path), m.compute_dtype)
+        model = hf.load_pretrained(pretrained_folder(config), m.compute_dtype)
         return model.config, model.params
     return model_config, jax.jit(transformer.init_params, static_argnums=0)(model_config, jax.random.key(m.init_seed))
 
 
-def build(config) -> Parts:
+def pretrained_folder(config) -> str:
+    """`model.pretrained_path` resolved; ConfigError naming the key when it is no folder."""
+    return existing_path("model.pretrained_path", config.model.pretrained_path, folder=True)
+
+
+def check_inputs(config) -> None:
+    """Reads and cross-checks what `config` names, building no model: the tokenizer and its chat format, the env
+    name, the model's shapes against the tokenizer, and `model.pretrained_path`'s config, files, tensor names, shapes
+    and dtypes (`hf.check_pretrained`). Raises UserInputError naming the first bad file, tensor or key."""
     tokenizer = build_tokenizer(config)
-    chat_format = chat_lib.get(config.tokenizer.chat_format)
+    build_chat_format(config, tokenizer)
+    check_env_name(config)
+    build_model_config(config, tokenizer)
+    if config.model.pretrained_path:
+        hf.check_pretrained(pretrained_folder(config), config.model.compute_dtype)
+
+
+def build(config) -> Parts:
+    """The `Parts` of a validated config."""
+    tokenizer = build_tokenizer(config)
+    chat_format = build_chat_format(config, tokenizer)
     env, env_params = build_env(config, tokenizer)
     model_config, params = build_model(config, tokenizer)
     return Parts(tokenizer, chat_format, env, env_params, model_config, params)

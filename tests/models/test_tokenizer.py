@@ -150,14 +150,14 @@ def test_errors_name_the_missing_token_or_file(hf_file, tmp_path):
         tok_lib.builtin().token_id("<|nope|>")
     with pytest.raises(KeyError, match="Zanzibar"):
         tok_lib.load(hf_file).token_id("Zanzibar")
-    with pytest.raises(FileNotFoundError, match="missing_dir"):
+    with pytest.raises(tok_lib.TokenizerError, match="missing_dir"):
         tok_lib.load(str(tmp_path / "missing_dir"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    with pytest.raises(tok_lib.TokenizerError, match="tokenizer.json"):
         tok_lib.load(str(tmp_path / "empty"))
-    with pytest.raises(KeyError, match="<\\|eos_missing\\|>"):
+    with pytest.raises(tok_lib.TokenizerError, match="<\\|eos_missing\\|>"):
         tok_lib.load(hf_file, eos_token="<|eos_missing|>")
-    with pytest.raises(KeyError, match="<\\|pad_missing\\|>"):
+    with pytest.raises(tok_lib.TokenizerError, match="<\\|pad_missing\\|>"):
         tok_lib.load(hf_file, pad_token="<|pad_missing|>")
     # a tokenizer without any end-of-turn marker or eos setting says what to do
     with pytest.raises(IndexError, match="token id 511"):
@@ -166,5 +166,5 @@ def test_errors_name_the_missing_token_or_file(hf_file, tmp_path):
     metaspace.decoder = decoders.Metaspace()
     with pytest.raises(NotImplementedError, match="Metaspace"):
         tok_lib.HFTokenizer(metaspace, source="sp.json").token_bytes(0)
-    with pytest.raises(KeyError, match="bare.json.*eos_token"):
+    with pytest.raises(tok_lib.TokenizerError, match="bare.json.*eos_token"):
         tok_lib.HFTokenizer(tokenizers.Tokenizer(models.BPE({"a": 0}, [])), source="bare.json")
