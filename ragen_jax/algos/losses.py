@@ -7,6 +7,7 @@ Pure and jittable; token arrays are f32[B, T] with a loss mask of the same shape
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
 LOG_RATIO_CLAMP = 20.0  # verl clamps log(pi / pi_old) to [-20, 20] before exp
 LOW_VAR_KL_CLAMP = 10.0  # verl clamps the k3 estimate to [-10, 10]
 DEFAULT_VOCAB_CHUNK = 8192
+DEFAULT_TOKEN_CHUNK = 1024  # logits of at most this many (row, position) pairs are held at once
 
 
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -236,3 +238,47 @@ def entropy_from_logits(
     """Entropy f32[...] of softmax(logits / temperature) over the full vocabulary, streamed in chunks."""
     targets = jnp.zeros(logits.shape[:-1], jnp.int32)
     return logprobs_and_entropy(logits, targets, temperature, chunk_size)[1]
+
+
+def hidden_logprobs_and_entropy(
+    unembed: Callable[[jax.Array], jax.Array],
+    hidden: jax.Array,
+    targets: jax.Array,
+    temperature: float | jax.Array = 1.0,
+    token_chunk: int = DEFAULT_TOKEN_CHUNK,
+    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+) -> tuple[jax.Array, jax.Array]:
+    """`logprobs_and_entropy(unembed(hidden), targets, ...)` without ever holding the logits of every position.
+
+    The positions are scored in blocks of c = max(1, token_chunk // B) (the last block zero-padded) by a
+    `lax.map` whose body is rematerialised (`jax.checkpoint`): the forward and the backward pass each hold the
+    logits and their cotangent of one block, float[B, c, V], never float[B, T, V]. The backward pass recomputes
+    each block's logits once (one more LM-head matmul). Values and gradients (through `hidden` and whatever
+    `unembed` closes over, e.g. the head's parameters) equal the unchunked computation up to float rounding.
+
+    Args:
+      unembed: the LM head, float[B, c, D] -> float[B, c, V]; it may close over traced parameters.
+      hidden: float[B, T, D] final hidden states; targets: int[B, T] the ids they score.
+      temperature: the rollout temperature (may be traced).
+      token_chunk: static budget of (row, position) pairs per block; vocab_chunk: as in `logprobs_and_entropy`.
+    Returns:
+      (logp f32[B, T], entropy f32[B, T]).
+    """
+    if token_chunk < 1:
+        raise ValueError(f"token_chunk = {token_chunk} is invalid: it must be a positive number of tokens")
+    rows, length, width = hidden.shape
+    size = min(length, max(1, token_chunk // rows))
+    blocks = -(-length // size)
+    pad = blocks * size - length
+
+    def to_blocks(x):  # [B, T, ...] -> [blocks, B, size, ...]
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return jnp.swapaxes(x.reshape(rows, blocks, size, *x.shape[2:]), 0, 1)
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def score(block):
+        h, t = block
+        return logprobs_and_entropy(unembed(h), t, temperature, vocab_chunk)
+
+    out = jax.lax.map(score, (to_blocks(hidden), to_blocks(targets.astype(jnp.int32))))
+    return tuple(jnp.swapaxes(x, 0, 1).reshape(rows, blocks * size)[:, :length] for x in out)

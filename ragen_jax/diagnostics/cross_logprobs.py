@@ -8,11 +8,15 @@ reference for tests and benchmarks.
 
 Shapes: prompts int32[C, P] right-padded with lengths int32[C]; reasoning int32[R, Z] right-padded with
 lengths int32[R]. Token p of a prompt sits at position p and reasoning token t of a row scored against prompt j
-at position len_j + t (as in the contiguous sequence). Logits are divided by `temperature` (a float or traced
-scalar) as in the training forward. Returns (logp_mean, logp_sum), both float32[R, C]: the sum over the real
-reasoning tokens and that sum divided by max(|z_i|, 1). A row with no reasoning gives 0 (mask it downstream).
+at position len_j + t (as in the contiguous sequence). `cross_log_probs` unembeds the reasoning's hidden states
+`losses.DEFAULT_TOKEN_CHUNK` (row, position) pairs at a time, so no float32[rows, Z, V] array is held. Logits are
+divided by `temperature` (a float or traced scalar) as in the training forward. Returns (logp_mean, logp_sum),
+both float32[R, C]: the sum over the real reasoning tokens and that sum divided by max(|z_i|, 1). A row with no
+reasoning gives 0 (mask it downstream).
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +85,7 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
     rc = row_chunk if 0 < row_chunk and num_rows % row_chunk == 0 else num_rows
     cc = col_chunk if 0 < col_chunk and num_cols % col_chunk == 0 else num_cols
     row_chunks = _sorted_chunks(reasoning_len, rc)
+    unembed = functools.partial(transformer.logits_from_hidden, config, params)
 
     def score_columns(col_ids, prompt_width):
         """[n_row_chunks, cc, rc] x 2: the columns `col_ids` (prompts no longer than prompt_width)."""
@@ -99,8 +104,7 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
                 rows = kv.take_rows(prefix, jnp.full((rc,), j, jnp.int32))
                 h, _ = transformer.hidden_states_with_cache(config, params, tokens, rows, num_new=row_len)
                 # logits at reasoning token t predict token t + 1; the prompt's last logits predict token 0
-                rest = _target_logprobs(transformer.logits_from_hidden(config, params, h[:, :-1]), tokens[:, 1:],
-                                        temperature)
+                rest = losses.hidden_logprobs_and_entropy(unembed, h[:, :-1], tokens[:, 1:], temperature)[0]
                 first = _target_logprobs(jnp.broadcast_to(first_logits[j], (rc, first_logits.shape[-1])),
                                          tokens[:, 0], temperature)
                 return _reduce(jnp.concatenate([first[:, None], rest], axis=1), row_len)

@@ -298,6 +298,28 @@ def apply_with_cache(config: ModelConfig, params: Params, tokens: jax.Array, cac
 
 
 # ---------------------------------------------------------------------------------------------- object boundary
+@dataclasses.dataclass(frozen=True)
+class CausalLM:
+    """The uncached forward of a config as pure functions of a params pytree, split at the LM head.
+
+    Calling it is `apply` (float32[B, T, V] logits), so it serves wherever a logits function is expected; scorers
+    that find `hidden_states` and `logits_from_hidden` (`ragen_jax.train.update.token_logprobs`) unembed a few
+    positions at a time instead of holding every position's logits. Hashable by its config: a static argument
+    of `jax.jit`.
+    """
+
+    config: ModelConfig
+
+    def __call__(self, params, tokens, positions=None, attention_mask=None):
+        return apply(self.config, params, tokens, positions, attention_mask)
+
+    def hidden_states(self, params, tokens, positions=None, attention_mask=None):
+        return hidden_states(self.config, params, tokens, positions, attention_mask)
+
+    def logits_from_hidden(self, params, hidden):
+        return logits_from_hidden(self.config, params, hidden)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Model:
     """A config plus a params pytree; every method is a pure function of the params passed to it.

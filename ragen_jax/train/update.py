@@ -15,12 +15,16 @@ micro-batch losses over micro-batches that hold a kept row (verl divides by the 
 Model functions are generic: `logits_fn(params, tokens, positions, attention_mask) -> f32[B, T, V]` and
 `values_fn(params, tokens, positions, attention_mask) -> f32[B, T]` must be causal; they are called on the
 first L-1 tokens, whose outputs score the (B, L-1) targets `tokens[:, 1:]`
-(docs/prompts_and_parsing.md#token-layout-and-the-loss-mask).
+(docs/prompts_and_parsing.md#token-layout-and-the-loss-mask). A `logits_fn` that is also a `SplitLM` (e.g.
+`transformer.CausalLM`) is scored from its final hidden states, `UpdateConfig.token_chunk` (row, position) pairs
+unembedded at a time, so no f32[B, T, V] array exists in the forward or the backward pass; a plain function's
+logits are computed whole (then reduced over vocabulary chunks).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+import functools
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -29,14 +33,25 @@ import optax
 
 from environments.pytrees import filled_like
 from ragen_jax import sharding
-from ragen_jax.algos.losses import DEFAULT_VOCAB_CHUNK, agg_loss, kl_penalty, logprobs_and_entropy, masked_mean
-from ragen_jax.algos.losses import policy_loss, value_loss
+from ragen_jax.algos.losses import DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK, agg_loss, hidden_logprobs_and_entropy
+from ragen_jax.algos.losses import kl_penalty, logprobs_and_entropy, masked_mean, policy_loss, value_loss
 from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
 
 Params = Any
 LogitsFn = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
 ValuesFn = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
 CLIP_NORM_EPS = 1e-6  # torch clip_grad_norm_: coef = max_norm / (norm + 1e-6)
+
+
+@runtime_checkable
+class SplitLM(Protocol):
+    """A causal LM split at its LM head (`transformer.CausalLM`), so scoring unembeds a few positions at a time."""
+
+    def hidden_states(self, params, tokens, positions, attention_mask) -> jax.Array:
+        """f32[B, T, D] final hidden states of int32[B, T] tokens."""
+
+    def logits_from_hidden(self, params, hidden) -> jax.Array:
+        """LM head: f32[..., D] -> f32[..., V]."""
 
 
 class UpdateBatch(NamedTuple):
@@ -63,7 +78,8 @@ class UpdateConfig:
     loss_agg_mode: str = "token-mean"
     use_kl_loss: bool = False
     kl_loss_type: str = "kl"
-    vocab_chunk: int = DEFAULT_VOCAB_CHUNK
+    vocab_chunk: int = DEFAULT_VOCAB_CHUNK  # vocabulary entries per step of the streamed logsumexp / entropy
+    token_chunk: int = DEFAULT_TOKEN_CHUNK  # (row, position) pairs a SplitLM scorer unembeds at once
     b1: float = 0.9
     b2: float = 0.999
     adam_eps: float = 1e-8
@@ -75,6 +91,9 @@ class UpdateConfig:
         if self.minibatch_size < 1 or self.epochs < 1 or self.minibatch_size % micro:
             raise ValueError(f"UpdateConfig epochs={self.epochs}, minibatch_size={self.minibatch_size}, "
                              f"micro_batch_size={self.micro_batch_size}: need positive sizes, micro dividing minibatch")
+        if self.vocab_chunk < 1 or self.token_chunk < 1:
+            raise ValueError(f"UpdateConfig vocab_chunk={self.vocab_chunk}, token_chunk={self.token_chunk}: "
+                             "need positive chunk sizes")
         check_choice("algo.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         check_choice("algo.kl_loss_type", self.kl_loss_type, KL_ESTIMATORS)
 
@@ -153,15 +172,23 @@ def _inputs(tokens, positions, attention_mask):
     return tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1]
 
 
-def token_logprobs(logits_fn: LogitsFn, params, tokens, positions, attention_mask, temperature,
-                   vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> tuple[jax.Array, jax.Array]:
+def token_logprobs(logits_fn: LogitsFn | SplitLM, params, tokens, positions, attention_mask, temperature,
+                   vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+                   token_chunk: int = DEFAULT_TOKEN_CHUNK) -> tuple[jax.Array, jax.Array]:
     """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
 
-    The same code scores old log-probs before the update and new ones inside it, so the ratio is 1 on the
-    first minibatch up to float32 rounding (docs/architecture.md, design rule 6).
+    tokens, positions: int32[B, L]; attention_mask: bool[B, L]. A `SplitLM` is scored from its hidden states,
+    `token_chunk` (row, position) pairs at a time (`losses.hidden_logprobs_and_entropy`: peak logits memory
+    B x max(1, token_chunk // B) x V floats, in the backward pass too); a plain logits function's f32[B, L-1, V]
+    logits are computed whole. The same code scores old log-probs before the update and new ones inside it, so
+    the ratio is 1 on the first minibatch up to float32 rounding (docs/architecture.md, design rule 6).
     """
-    logits = logits_fn(params, *_inputs(tokens, positions, attention_mask))
-    return logprobs_and_entropy(logits, tokens[:, 1:], temperature, vocab_chunk)
+    inputs, targets = _inputs(tokens, positions, attention_mask), tokens[:, 1:]
+    if isinstance(logits_fn, SplitLM):
+        unembed = functools.partial(logits_fn.logits_from_hidden, params)
+        hidden = logits_fn.hidden_states(params, *inputs)
+        return hidden_logprobs_and_entropy(unembed, hidden, targets, temperature, token_chunk, vocab_chunk)
+    return logprobs_and_entropy(logits_fn(params, *inputs), targets, temperature, vocab_chunk)
 
 
 def token_values(values_fn: ValuesFn, params, tokens, positions, attention_mask) -> jax.Array:
@@ -171,7 +198,7 @@ def token_values(values_fn: ValuesFn, params, tokens, positions, attention_mask)
 
 def _actor_loss(logits_fn, config: UpdateConfig, hyper: ActorHyper, params, batch: UpdateBatch, mask):
     logp, entropy = token_logprobs(logits_fn, params, batch.tokens, batch.positions, batch.attention_mask,
-                                   hyper.temperature, config.vocab_chunk)
+                                   hyper.temperature, config.vocab_chunk, config.token_chunk)
     mode = config.loss_agg_mode
     pg_loss, pg_metrics = policy_loss(logp, batch.old_logp, batch.advantages, mask, hyper.clip_ratio_low,
                                       hyper.clip_ratio_high, hyper.clip_ratio_c, mode)
@@ -271,7 +298,8 @@ def actor_update(logits_fn: LogitsFn, params, opt_state, batch: UpdateBatch, kep
     (docs/rewards_and_objectives.md#policy-loss).
 
     Args:
-      logits_fn: causal `(params, tokens, positions, attention_mask) -> f32[B, T, V]`.
+      logits_fn: causal `(params, tokens, positions, attention_mask) -> f32[B, T, V]`, or a `SplitLM` (scored in
+        token chunks, see `token_logprobs`).
       params, opt_state: actor parameters and `optimizer_init` state.
       batch: compacted `UpdateBatch` (B a multiple of `config.minibatch_size`).
       kept_rows: int32 scalar (traced): rows [0, kept_rows) are trained, the rest skipped or masked.
