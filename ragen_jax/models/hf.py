@@ -90,24 +90,29 @@ def _architecture(hf: dict) -> str:
 def _rope(hf: dict) -> tuple[float, Llama3RopeScaling | None]:
     """(theta, scaling) from transformers 5's ``rope_parameters`` or transformers 4's ``rope_theta``/``rope_scaling``."""
     params = hf.get("rope_parameters")
-    if params is not None:
-        theta, scaling = params.get("rope_theta", hf.get("rope_theta")), params
-    else:
-        theta, scaling = hf.get("rope_theta"), hf.get("rope_scaling") or {}
-    if theta is None:
-        theta = 10000.0  # the HF default for both architectures
+    scaling = params if params is not None else hf.get("rope_scaling") or {}
+    if not isinstance(scaling, dict):
+        raise CheckpointError(f"RoPE settings {scaling!r} are not a JSON object")
+    theta = scaling.get("rope_theta", hf.get("rope_theta")) if params is not None else hf.get("rope_theta")
+    theta = _number("rope_theta", 10000.0 if theta is None else theta)  # None: the HF default of both architectures
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
-        return float(theta), None
+        return theta, None
     if rope_type != "llama3":
         raise CheckpointError(f"unsupported RoPE type {rope_type!r} (supported: 'default', 'llama3')")
     missing = [k for k in _LLAMA3_ROPE_KEYS if k not in scaling]
     if missing:
         raise CheckpointError(f"llama3 RoPE scaling lacks {missing}")
-    return float(theta), Llama3RopeScaling(
-        factor=float(scaling["factor"]), low_freq_factor=float(scaling["low_freq_factor"]),
-        high_freq_factor=float(scaling["high_freq_factor"]),
-        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]))
+    factor, low, high, positions = (_number(k, scaling[k]) for k in _LLAMA3_ROPE_KEYS)
+    return theta, Llama3RopeScaling(factor=factor, low_freq_factor=low, high_freq_factor=high,
+                                    original_max_position_embeddings=int(positions))
+
+
+def _number(key: str, value: Any) -> float:
+    """`value` of config.json key `key` as a float; CheckpointError naming the key when it is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"{key} = {value!r} is not a number")
+    return float(value)
 
 
 def config_from_hf(hf: dict, compute_dtype: str = "float32") -> tuple[ModelConfig, str]:
@@ -129,15 +134,14 @@ def config_from_hf(hf: dict, compute_dtype: str = "float32") -> tuple[ModelConfi
         if value is not None and (type(value) is not int or value <= 0):
             raise CheckpointError(f"{key} = {value!r} is not a positive integer")
     heads = hf["num_attention_heads"]
-    # a theta, eps or RoPE factor that is not a number, and ModelConfig's own checks (heads dividing evenly, ...)
-    with reraised(CheckpointError, "invalid value", ValueError, TypeError, AttributeError):
-        theta, scaling = _rope(hf)
+    theta, scaling = _rope(hf)
+    with reraised(CheckpointError, "invalid value", ValueError):  # ModelConfig's own checks, e.g. heads dividing
         return ModelConfig(
             vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
             num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, mlp_dim=hf["intermediate_size"],
             rope_theta=theta, qkv_bias=arch == QWEN2, tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            norm_eps=_number("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)),
             max_seq_len=hf.get("max_position_embeddings", 32768 if arch == QWEN2 else 2048),
             compute_dtype=compute_dtype, rope_scaling=scaling), arch
 
@@ -231,8 +235,7 @@ def read_config(path: str, compute_dtype: str = "float32") -> ModelConfig:
     """The ModelConfig of checkpoint folder `path`'s ``config.json`` (no weights read)."""
     config_file = os.path.join(path, CONFIG_FILE)
     if not os.path.isfile(config_file):
-        where = "model folder" if os.path.isdir(path) else "missing model folder"
-        raise CheckpointError(f"no {CONFIG_FILE} in {where} {path}")
+        raise CheckpointError(f"{config_file} does not exist: a model folder holds a HF {CONFIG_FILE} and safetensors")
     hf = _read_json(config_file)
     if not isinstance(hf, dict):
         raise CheckpointError(f"{config_file} holds a JSON {type(hf).__name__}, not a model config")

@@ -102,7 +102,7 @@ def build_model_config(config, tokenizer) -> ModelConfig:
     elif m.preset:
         model_config = _preset_config(m)
     else:
-        with reraised(UserInputError, "config.model", ValueError):  # sizes that do not fit together, e.g. heads
+        with reraised(UserInputError, "model sizes", ValueError):  # sizes that do not fit together, e.g. heads
             return ModelConfig.from_config(m, tokenizer.vocab_size)
     if model_config.vocab_size < tokenizer.vocab_size:
         source = f"model.pretrained_path {m.pretrained_path!r}" if m.pretrained_path else f"model.preset {m.preset!r}"
