@@ -1,7 +1,7 @@
 """Validation of the locked experiment config, run before anything compiles.
 
-`validate(config)` raises `ConfigError` whose message names the key, the offending value and what is
-allowed. The name tuples below are the single source of the choices the rest of the package accepts.
+`validate(config)` raises `ConfigError` (a `ragen_jax.errors.UserInputError`) whose message names the key, the
+offending value and what is allowed. The name tuples below are the single source of the choices the rest of the package accepts.
 """
 from __future__ import annotations
 
@@ -144,17 +144,6 @@ def _check_filter_value(config) -> None:
         raise ConfigError("filter.value", value, allowed)
 
 
-def _check_lengths(config) -> None:
-    """A turn's response must leave room for its prompt in the trajectory; the dual-clip bound must exceed 1."""
-    r = config.rollout
-    if r.response_length >= r.max_model_len:
-        raise ConfigError("rollout.response_length", r.response_length,
-                          f"a turn's prompt and response must fit in rollout.max_model_len = {r.max_model_len}")
-    if not config.algo.clip_ratio_c > 1.0:
-        raise ConfigError("algo.clip_ratio_c", config.algo.clip_ratio_c,
-                          "the dual-clip bound must be > 1 (it caps the loss of negative advantages at c times)")
-
-
 def mesh_data_size(config: ml_collections.ConfigDict, num_devices: int) -> int:
     """The size of the mesh's `data` axis: `-1` takes every device left after fsdp and sweep; an explicit size may
     leave devices unused (the mesh spans the first data * fsdp * sweep devices) but not ask for more than exist."""
@@ -218,7 +207,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         value = _get(config, key)
         if not 0.0 < value < math.inf:
             raise ConfigError(key, value, "must be > 0 and finite")
-    _check_lengths(config)
+    if config.rollout.response_length >= config.rollout.max_model_len:  # the exact bound needs the prompts: Rollout
+        raise ConfigError("rollout.response_length", config.rollout.response_length, "a turn's prompt and response "
+                          f"must fit in rollout.max_model_len = {config.rollout.max_model_len}")
+    if not config.algo.clip_ratio_c > 1.0:
+        raise ConfigError("algo.clip_ratio_c", config.algo.clip_ratio_c,
+                          "the dual-clip bound must be > 1 (it caps the loss of negative advantages at c times)")
 
     group_size = config.rollout.group_size
     if group_size < 2 and config.filter.metric in VARIANCE_FILTER_METRICS:

@@ -6,9 +6,10 @@ Everything of a run lives in DIR: `config.json` (the resolved config, indented J
 TensorBoard events (`logging.dir` defaults to DIR), `checkpoints/` (`checkpoint.dir` defaults to DIR/checkpoints),
 `report.png`; a sweep's members each get a folder of metrics. Running the same command again resumes from the newest
 checkpoint (`checkpoint.resume` is on in a workdir whatever the config file says). A DIR whose config.json differs
-from the new config in a key outside `RESUMABLE` is refused with a `WorkdirError` naming the keys; a fresh DIR, or
-`--config.checkpoint.resume=False` on the command line (the run starts over: the loop drops the earlier run's metrics
-and checkpoints), writes config.json anew.
+from the new config in a key outside `RESUMABLE` is refused with a `WorkdirError` naming the keys (so is a DIR whose
+config.json is unreadable, one holding checkpoints without a config.json, and one that cannot be written); a fresh
+DIR, or `--config.checkpoint.resume=False` on the command line (the run starts over: the loop drops the earlier run's
+metrics and checkpoints), writes config.json anew.
 """
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, overridden: Collect
 
 
 def _holds_checkpoints(directory: str) -> bool:
+    """Whether `directory` exists and holds anything (a checkpoint step folder)."""
     return os.path.isdir(directory) and any(os.scandir(directory))
 
 

@@ -254,7 +254,7 @@ class HFTokenizer(Tokenizer):
             eos_token = next((t for t in END_OF_TURN_TOKENS if t in self.special_tokens), None)
         if eos_token is None:
             raise TokenizerError(f"{source}: no end-of-turn token among {END_OF_TURN_TOKENS} and none given "
-                           f"(pass eos_token= or set eos_token in {HF_CONFIG_FILE})")
+                                 f"(pass eos_token= or set eos_token in {HF_CONFIG_FILE})")
         self._eos_token, self._pad_token = eos_token, pad_token if pad_token is not None else eos_token
         self.eos_id = self._lookup(self._eos_token, "eos_token")
         self.pad_id = self._lookup(self._pad_token, "pad_token")
