@@ -14,6 +14,8 @@ Panels: success, validation success and episode reward; filter kept ratio; polic
 collapse families (reasoning's dependence on the input); conditional entropy H(Z|X) (within-input diversity);
 retrieval accuracy. Template collapse shows as H(Z|X) staying up while MI falls. Missing keys leave a panel empty.
 For a sweep each panel draws, once per member, its first key that has values (validation success when validated).
+It then prints the markdown of the newest transcripts (`samples/step_N.jsonl`, `ragen_jax.train.transcripts`) of the
+run or of each member, when there are any.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ragen_jax import metrics as metrics_lib  # noqa: E402
+from ragen_jax.train import transcripts  # noqa: E402
 from ragen_jax.train.metrics import read_metrics  # noqa: E402
 
 PANELS = (
@@ -338,10 +341,20 @@ def main(argv: list[str] | None = None) -> None:
             return
         out = args.out or os.path.join(args.metrics, "report.png")
         print(f"wrote {plot_members(members, out)}")
+        for name in members:
+            print_transcripts(os.path.join(args.metrics, name), f"# {name}")
         return
     folder = args.metrics if os.path.isdir(args.metrics) else os.path.dirname(os.path.abspath(args.metrics))
     out = args.out or os.path.join(folder, "report.png")
     print(f"wrote {plot(read_metrics(args.metrics), out)}")
+    print_transcripts(folder)
+
+
+def print_transcripts(folder: str, heading: str | None = None) -> None:
+    """Prints the markdown of the newest transcripts in `folder`/samples (`train.transcripts`), if it holds any."""
+    found = transcripts.newest(folder)
+    if found is not None:
+        print("\n".join(([heading, ""] if heading else []) + [transcripts.markdown(*found)]))
 
 
 if __name__ == "__main__":
