@@ -169,7 +169,9 @@ def _logging() -> ml_collections.ConfigDict:
     c.dir = ""  # metrics folder (metrics.jsonl + TensorBoard events; "" = console only; --workdir=DIR: DIR)
     c.every = 1  # write metrics every N steps
     c.tensorboard = True  # also write TensorBoard event files
-    c.progress_bar = True  # show a progress bar on the console
+    c.progress_bar = True  # a tqdm bar on a terminal console (else, and when off: one summary line per step)
+    c.samples_every = 10  # a few decoded validation trajectories to samples/step_N.jsonl every N steps (0 = never)
+    c.compilation_cache = "auto"  # persistent XLA cache folder ("auto": ~/.cache/ragen_jax/xla, "": off)
     return c
 
 

@@ -6,6 +6,7 @@ offending value and what is allowed. The name tuples below are the single source
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Iterable
 
 import ml_collections
@@ -52,6 +53,7 @@ NON_NEGATIVE_KEYS = (
     # schedules and counts where 0 means off / "the default"
     "train.total_steps",
     "train.test_freq",
+    "logging.samples_every",
     "train.sft_steps",
     "diagnostics.collapse_every",
     "diagnostics.grad_analysis_every",
@@ -227,6 +229,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     if config.train.sft_batch_size < 0:
         raise ConfigError("train.sft_batch_size", config.train.sft_batch_size,
                           "must be >= 0 (0 = the rollout's batch size)")
+    cache = config.logging.compilation_cache
+    if cache not in ("", "auto") and os.path.isfile(os.path.expanduser(cache)):
+        raise ConfigError("logging.compilation_cache", cache, '"auto", "" (off) or a folder, not a file')
     if config.model.preset and config.model.pretrained_path:
         raise ConfigError("model.preset", config.model.preset,
                           "model.pretrained_path already fixes the shapes (its config.json): set one of the two")
