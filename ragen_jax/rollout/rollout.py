@@ -13,16 +13,20 @@ generating; an env whose next turn would not fit in `max_len` tokens (chunk + `r
 and is marked `cut` (RAGEN instead drops the oldest turns,
 docs/prompts_and_parsing.md#context-length-and-turn-level-modes). After the last turn each trajectory is closed with the
 chat format's end of turn, so decoding `tokens[:length]` gives exactly the chat text of its messages.
+
+The turns are a `lax.scan` over a `TurnCarry`; each turn is `_generate` (chunk, cache, sample: a `Generation`) then
+`_step_envs` (parse, step: the next carry and the turn's `TurnRecord`), and `_close` makes the Trajectory.
 """
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-from environments.base import tree_select
+from environments.pytrees import tree_select
 from ragen_jax import sharding
 from ragen_jax.models import kv_cache as kv
 from ragen_jax.models import transformer as tfm
@@ -68,6 +72,65 @@ class Trajectory:
     cut: jax.Array
     num_actions: jax.Array
     group_ids: jax.Array
+
+
+@flax.struct.dataclass
+class TurnCarry:
+    """The turn loop's state between turns (B rows, L = max_len).
+
+    cache: the KV cache of every row's buffer; tokens: i32[B, L] the buffer (pad after `length`);
+    sampled: bool[B, L] and sample_logp: f32[B, L] as in `Trajectory`; length: i32[B] tokens written so far.
+    env_state, obs: the envs' state and last observation (rows with leading B); reward: f32[B] the last taken
+    turn's reward; stopped: bool[B] its response ended on a stop sequence; warn: bool[B] its action was invalid
+    (the next chunk says so); success: bool[B] the env's success predicate after it; cut: bool[B] see `Trajectory`.
+    """
+
+    cache: kv.KVCache
+    tokens: jax.Array
+    sampled: jax.Array
+    sample_logp: jax.Array
+    length: jax.Array
+    env_state: Any
+    obs: Any
+    reward: jax.Array
+    stopped: jax.Array
+    warn: jax.Array
+    success: jax.Array
+    cut: jax.Array
+
+
+@flax.struct.dataclass
+class Generation:
+    """What one turn's generation hands to the env step (B rows, N = response_length).
+
+    active: bool[B] rows that generated this turn; fits: bool[B] the turn fit in the buffer; start: i32[B] buffer
+    index of the first sampled token; out: the sampler's `SampleOutput` (tokens i32[B, N], lengths, logprobs,
+    stopped); gen_len: i32[B] tokens sampled (0 on inactive rows).
+    """
+
+    active: jax.Array
+    fits: jax.Array
+    start: jax.Array
+    out: sampler.SampleOutput
+    gen_len: jax.Array
+
+
+@flax.struct.dataclass
+class TurnRecord:
+    """One turn's per-row outputs stacked by the scan (each i32/f32/bool[B]; 0 / False on rows not taken).
+
+    taken: the turn was generated; response_start, response_len, think_start, think_len, reward, format_ok,
+    num_actions: as the `Trajectory` fields of the same names (num_actions: actions executed this turn).
+    """
+
+    taken: jax.Array
+    response_start: jax.Array
+    response_len: jax.Array
+    think_start: jax.Array
+    think_len: jax.Array
+    reward: jax.Array
+    format_ok: jax.Array
+    num_actions: jax.Array
 
 
 select_rows = jax.vmap(tree_select)  # row-wise where(pred[b], a[b], b[b]) over pytrees with leading axis B
@@ -135,82 +198,106 @@ class Rollout:
         obs, state, _ = self._reset(jax.random.split(key, 3)[0], env_params)
         off = jnp.zeros((self.batch_size,), bool)
         chunk, chunk_len = self._chunks(jnp.int32(0), obs, state, jnp.zeros((self.batch_size,), jnp.float32), off, off)
-        system = jnp.broadcast_to(jnp.asarray(self.prompts.system_ids), (self.batch_size, len(self.prompts.system_ids)))
+        system = self._system_rows()
         return jnp.concatenate([system, chunk], axis=1), system.shape[1] + chunk_len, state
+
+    def _system_rows(self) -> jax.Array:
+        """The system prompt of every row: i32[B, S] (S may be 0)."""
+        return jnp.broadcast_to(jnp.asarray(self.prompts.system_ids), (self.batch_size, len(self.prompts.system_ids)))
 
     def __call__(self, params, key: jax.Array, env_params, temperature, top_p) -> Trajectory:
         """params: policy parameters; key: PRNG key; temperature, top_p: f32 scalars (traced)."""
-        env, B, L, T, N = self.env, self.batch_size, self.max_len, self.max_turn, self.response_length
         reset_key, gen_key, step_key = jax.random.split(key, 3)
-        obs, state, group_ids = self._reset(reset_key, env_params)
-        system = jnp.broadcast_to(jnp.asarray(self.prompts.system_ids), (B, len(self.prompts.system_ids)))
+        obs, env_state, group_ids = self._reset(reset_key, env_params)
+
+        def turn(carry: TurnCarry, t):
+            carry, generation = self._generate(params, carry, t, jax.random.fold_in(gen_key, t), temperature, top_p)
+            carry, record = self._step_envs(carry, generation, jax.random.fold_in(step_key, t), env_params)
+            return _shard_carry(carry), record
+
+        init = _shard_carry(self._initial_carry(params, obs, env_state))
+        carry, records = jax.lax.scan(turn, init, jnp.arange(self.max_turn, dtype=jnp.int32))
+        return self._close(carry, records, group_ids)
+
+    def _initial_carry(self, params, obs, env_state) -> TurnCarry:
+        """The carry before turn 1: the system prompt written to the buffer and prefilled into a fresh cache."""
+        B, L = self.batch_size, self.max_len
+        system = self._system_rows()
         cache = kv.init_cache(self.model_config, B, L)
         tokens = jnp.full((B, L), self.pad_id, jnp.int32)
-        cur = jnp.zeros((B,), jnp.int32)
+        length = jnp.zeros((B,), jnp.int32)
         if system.shape[1]:
             cache = tfm.hidden_states_with_cache(self.model_config, params, system, cache,
                                                  jnp.full((B,), system.shape[1], jnp.int32))[1]
             tokens = tokens.at[:, :system.shape[1]].set(system)
-            cur = cur + system.shape[1]
+            length = length + system.shape[1]
+        off = jnp.zeros((B,), bool)
+        return TurnCarry(cache=cache, tokens=tokens, sampled=jnp.zeros((B, L), bool),
+                         sample_logp=jnp.zeros((B, L), jnp.float32), length=length, env_state=env_state, obs=obs,
+                         reward=jnp.zeros((B,), jnp.float32), stopped=off, warn=off, success=off, cut=off)
+
+    def _generate(self, params, carry: TurnCarry, t, key: jax.Array, temperature,
+                  top_p) -> tuple[TurnCarry, Generation]:
+        """Turn `t` (i32 scalar): renders each row's chunk, appends it to the cache and samples the response
+        (rows that are done, cut or would not fit stay untouched); both are written to the buffer."""
+        N = self.response_length
+        chunk, chunk_len = self._chunks(t, carry.obs, carry.env_state, carry.reward, carry.stopped, carry.warn)
+        fits = carry.length + chunk_len + N + len(self.prompts.close_ids) <= self.max_len
+        active = ~carry.env_state.done & ~carry.cut & fits
+        out, cache = sampler.generate(
+            self.model_config, params, carry.cache, chunk, chunk_len, key, temperature, top_p, self.stop_sequences,
+            active, max_new_tokens=N, top_k=self.top_k, pad_id=self.pad_id, num_tokens=self.num_tokens)
+        gen_len = jnp.where(active, out.lengths, 0)
+        start = carry.length + chunk_len
+        tokens = write_rows(carry.tokens, carry.length, chunk, jnp.where(active, chunk_len, 0))
+        carry = carry.replace(
+            cache=cache, tokens=write_rows(tokens, start, out.tokens, gen_len),
+            sampled=write_rows(carry.sampled, start, jnp.ones_like(out.tokens, bool), gen_len),
+            sample_logp=write_rows(carry.sample_logp, start, out.logprobs, gen_len))
+        return carry, Generation(active=active, fits=fits, start=start, out=out, gen_len=gen_len)
+
+    def _step_envs(self, carry: TurnCarry, generation: Generation, key: jax.Array,
+                   env_params) -> tuple[TurnCarry, TurnRecord]:
+        """Parses each response (prefill included) and steps the envs; only rows that generated take the step."""
+        g, active = generation, generation.active
         prefill = jnp.asarray(self.prompts.prefill_ids)
-        close_len = len(self.prompts.close_ids)
+        response = jnp.concatenate([jnp.broadcast_to(prefill, (self.batch_size, prefill.shape[0])), g.out.tokens],
+                                   axis=1)
+        parsed = jax.vmap(self.env.parse)(response, prefill.shape[0] + g.gen_len)
+        obs, env_state, reward, _, info = jax.vmap(self.env.step_parsed, in_axes=(0, 0, 0, None))(
+            jax.random.split(key, self.batch_size), carry.env_state, parsed, env_params)
+        think = parsed.think_tokens  # [B, 2] token span within the response
+        record = TurnRecord(
+            taken=active, response_start=jnp.where(active, g.start, 0), response_len=g.gen_len,
+            think_start=jnp.where(active, g.start - prefill.shape[0] + think[:, 0], 0),
+            think_len=jnp.where(active, think[:, 1] - think[:, 0], 0), reward=jnp.where(active, reward, 0.0),
+            format_ok=active & info["format_ok"], num_actions=jnp.where(active, info["num_actions"], 0))
+        carry = carry.replace(
+            length=jnp.where(active, g.start + g.gen_len, carry.length),
+            env_state=select_rows(active, env_state, carry.env_state), obs=select_rows(active, obs, carry.obs),
+            reward=jnp.where(active, reward, carry.reward), stopped=jnp.where(active, g.out.stopped, carry.stopped),
+            warn=jnp.where(active, ~info["action_is_valid"], carry.warn),
+            success=jnp.where(active, info["success"], carry.success),
+            cut=carry.cut | (~carry.env_state.done & ~carry.cut & ~g.fits))
+        return carry, record
 
-        def turn(carry, t):
-            (cache, tokens, sampled, logp, cur, state, obs, reward, stopped, warn, success, cut) = carry
-            chunk, chunk_len = self._chunks(t, obs, state, reward, stopped, warn)
-            fits = cur + chunk_len + N + close_len <= L
-            active = ~state.done & ~cut & fits
-            out, cache = sampler.generate(
-                self.model_config, params, cache, chunk, chunk_len, jax.random.fold_in(gen_key, t), temperature,
-                top_p, self.stop_sequences, active, max_new_tokens=N, top_k=self.top_k, pad_id=self.pad_id,
-                num_tokens=self.num_tokens)
-            gen_len = jnp.where(active, out.lengths, 0)
-            start = cur + chunk_len
-            tokens = write_rows(tokens, cur, chunk, jnp.where(active, chunk_len, 0))
-            tokens = write_rows(tokens, start, out.tokens, gen_len)
-            sampled = write_rows(sampled, start, jnp.ones_like(out.tokens, bool), gen_len)
-            logp = write_rows(logp, start, out.logprobs, gen_len)
-            response = jnp.concatenate([jnp.broadcast_to(prefill, (B, prefill.shape[0])), out.tokens], axis=1)
-            response_len = prefill.shape[0] + gen_len
-            parsed = jax.vmap(env.parse)(response, response_len)
-            obs2, state2, r, _, info = jax.vmap(env.step_parsed, in_axes=(0, 0, 0, None))(
-                jax.random.split(jax.random.fold_in(step_key, t), B), state, parsed, env_params)
-            think = parsed.think_tokens  # [B, 2] token span within the response
-            record = dict(
-                taken=active, response_start=jnp.where(active, start, 0), response_len=gen_len,
-                think_start=jnp.where(active, start - prefill.shape[0] + think[:, 0], 0),
-                think_len=jnp.where(active, think[:, 1] - think[:, 0], 0),
-                reward=jnp.where(active, r, 0.0), format_ok=active & info["format_ok"],
-                num_actions=jnp.where(active, info["num_actions"], 0))
-            carry = (cache, tokens, sampled, logp, jnp.where(active, start + gen_len, cur),
-                     select_rows(active, state2, state), select_rows(active, obs2, obs),
-                     jnp.where(active, r, reward), jnp.where(active, out.stopped, stopped),
-                     jnp.where(active, ~info["action_is_valid"], warn), jnp.where(active, info["success"], success),
-                     cut | (~state.done & ~cut & ~fits))
-            return _shard_carry(carry), record
-
-        init = (cache, tokens, jnp.zeros((B, L), bool), jnp.zeros((B, L), jnp.float32), cur, state, obs,
-                jnp.zeros((B,), jnp.float32), jnp.zeros((B,), bool), jnp.zeros((B,), bool), jnp.zeros((B,), bool),
-                jnp.zeros((B,), bool))
-        carry, rec = jax.lax.scan(turn, _shard_carry(init), jnp.arange(T, dtype=jnp.int32))
-        _, tokens, sampled, logp, cur, state, _, _, stopped, _, success, cut = carry
-        rec = jax.tree.map(lambda x: x.T, rec)  # [T, B] -> [B, T]
-        close, close_n = jax.vmap(self.prompts.closing)(stopped)
-        any_turn = rec["taken"].any(axis=1)
-        close_n = jnp.where(any_turn, close_n, 0)
-        tokens = write_rows(tokens, cur, close, close_n)
-        penalties = (rec["taken"] & ~rec["format_ok"]).sum(axis=1)
+    def _close(self, carry: TurnCarry, records: TurnRecord, group_ids) -> Trajectory:
+        """The Trajectory after the last turn: each row that took a turn gets the chat format's closing."""
+        rec = jax.tree.map(lambda x: x.T, records)  # [T, B] -> [B, T]
+        close, close_n = jax.vmap(self.prompts.closing)(carry.stopped)
+        close_n = jnp.where(rec.taken.any(axis=1), close_n, 0)
+        penalties = (rec.taken & ~rec.format_ok).sum(axis=1)
         return Trajectory(
-            tokens=tokens, length=cur + close_n, sampled=sampled, sample_logp=logp, turn_taken=rec["taken"],
-            response_start=rec["response_start"], response_len=rec["response_len"], think_start=rec["think_start"],
-            think_len=rec["think_len"], turn_reward=rec["reward"], format_ok=rec["format_ok"],
-            episode_reward=rec["reward"].sum(axis=1) + self.format_penalty * penalties.astype(jnp.float32),
-            success=success, done=state.done, cut=cut, num_actions=rec["num_actions"].sum(axis=1),
+            tokens=write_rows(carry.tokens, carry.length, close, close_n), length=carry.length + close_n,
+            sampled=carry.sampled, sample_logp=carry.sample_logp, turn_taken=rec.taken,
+            response_start=rec.response_start, response_len=rec.response_len, think_start=rec.think_start,
+            think_len=rec.think_len, turn_reward=rec.reward, format_ok=rec.format_ok,
+            episode_reward=rec.reward.sum(axis=1) + self.format_penalty * penalties.astype(jnp.float32),
+            success=carry.success, done=carry.env_state.done, cut=carry.cut, num_actions=rec.num_actions.sum(axis=1),
             group_ids=group_ids)
 
 
-
-def _shard_carry(carry):
-    """The turn loop's carry split over the mesh's batch axes (a no-op without one): rows stay on their devices."""
-    cache, *rest = carry
-    return (kv.shard_rows(cache), *sharding.shard_batch(rest))
+def _shard_carry(carry: TurnCarry) -> TurnCarry:
+    """The turn loop's carry split over the mesh's batch axes (a no-op without one): rows stay on their devices.
+    The cache's rows are on axis 1 of its k/v, so it is constrained apart from the other fields."""
+    return sharding.shard_batch(carry.replace(cache=None)).replace(cache=kv.shard_rows(carry.cache))
