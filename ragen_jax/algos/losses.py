@@ -17,7 +17,7 @@ from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
 LOG_RATIO_CLAMP = 20.0  # verl clamps log(pi / pi_old) to [-20, 20] before exp
 LOW_VAR_KL_CLAMP = 10.0  # verl clamps the k3 estimate to [-10, 10]
 DEFAULT_VOCAB_CHUNK = 8192
-DEFAULT_TOKEN_CHUNK = 1024  # logits of at most this many (row, position) pairs are held at once
+DEFAULT_LOGITS_CHUNK = 2 ** 24  # logits held at once by token-chunked scoring (floats: 64 MiB in float32)
 
 
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -245,14 +245,15 @@ def hidden_logprobs_and_entropy(
     hidden: jax.Array,
     targets: jax.Array,
     temperature: float | jax.Array = 1.0,
-    token_chunk: int = DEFAULT_TOKEN_CHUNK,
+    logits_chunk: int = DEFAULT_LOGITS_CHUNK,
     vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
 ) -> tuple[jax.Array, jax.Array]:
     """`logprobs_and_entropy(unembed(hidden), targets, ...)` without ever holding the logits of every position.
 
-    The positions are scored in blocks of c = max(1, token_chunk // B) (the last block zero-padded) by a
+    The positions are scored in blocks of c = max(1, logits_chunk // (B * V)) (the last block zero-padded) by a
     `lax.map` whose body is rematerialised (`jax.checkpoint`): the forward and the backward pass each hold the
-    logits and their cotangent of one block, float[B, c, V], never float[B, T, V]. The backward pass recomputes
+    logits and their cotangent of one block, float[B, c, V], never float[B, T, V] (unless c >= T: then one
+    block holds everything, as a small vocabulary allows). The backward pass recomputes
     each block's logits once (one more LM-head matmul). Values and gradients (through `hidden` and whatever
     `unembed` closes over, e.g. the head's parameters) equal the unchunked computation up to float rounding.
 
@@ -260,14 +261,15 @@ def hidden_logprobs_and_entropy(
       unembed: the LM head, float[B, c, D] -> float[B, c, V]; it may close over traced parameters.
       hidden: float[B, T, D] final hidden states; targets: int[B, T] the ids they score.
       temperature: the rollout temperature (may be traced).
-      token_chunk: static budget of (row, position) pairs per block; vocab_chunk: as in `logprobs_and_entropy`.
+      logits_chunk: static budget of logits (floats) per block; vocab_chunk: as in `logprobs_and_entropy`.
     Returns:
       (logp f32[B, T], entropy f32[B, T]).
     """
-    if token_chunk < 1:
-        raise ValueError(f"token_chunk = {token_chunk} is invalid: it must be a positive number of tokens")
-    rows, length, width = hidden.shape
-    size = min(length, max(1, token_chunk // rows))
+    if logits_chunk < 1:
+        raise ValueError(f"logits_chunk = {logits_chunk} is invalid: it must be a positive number of logits")
+    rows, length, _ = hidden.shape
+    vocab = jax.eval_shape(unembed, hidden[:, :1]).shape[-1]
+    size = min(length, max(1, logits_chunk // (rows * vocab)))
     blocks = -(-length // size)
     pad = blocks * size - length
 

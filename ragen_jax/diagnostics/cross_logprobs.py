@@ -9,7 +9,8 @@ reference for tests and benchmarks.
 Shapes: prompts int32[C, P] right-padded with lengths int32[C]; reasoning int32[R, Z] right-padded with
 lengths int32[R]. Token p of a prompt sits at position p and reasoning token t of a row scored against prompt j
 at position len_j + t (as in the contiguous sequence). `cross_log_probs` unembeds the reasoning's hidden states
-`losses.DEFAULT_TOKEN_CHUNK` (row, position) pairs at a time, so no float32[rows, Z, V] array is held. Logits are
+a block of positions at a time (`losses.DEFAULT_LOGITS_CHUNK` logits at most), so no float32[rows, Z, V] array is
+held. Logits are
 divided by `temperature` (a float or traced scalar) as in the training forward. Returns (logp_mean, logp_sum),
 both float32[R, C]: the sum over the real reasoning tokens and that sum divided by max(|z_i|, 1). A row with no
 reasoning gives 0 (mask it downstream).

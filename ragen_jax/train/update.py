@@ -16,8 +16,8 @@ Model functions are generic: `logits_fn(params, tokens, positions, attention_mas
 `values_fn(params, tokens, positions, attention_mask) -> f32[B, T]` must be causal; they are called on the
 first L-1 tokens, whose outputs score the (B, L-1) targets `tokens[:, 1:]`
 (docs/prompts_and_parsing.md#token-layout-and-the-loss-mask). A `logits_fn` that is also a `SplitLM` (e.g.
-`transformer.CausalLM`) is scored from its final hidden states, `UpdateConfig.token_chunk` (row, position) pairs
-unembedded at a time, so no f32[B, T, V] array exists in the forward or the backward pass; a plain function's
+`transformer.CausalLM`) is scored from its final hidden states, unembedding blocks of positions that hold at most
+`UpdateConfig.logits_chunk` logits, so no f32[B, T, V] array exists in the forward or the backward pass; a plain function's
 logits are computed whole (then reduced over vocabulary chunks).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ import optax
 
 from environments.pytrees import filled_like
 from ragen_jax import sharding
-from ragen_jax.algos.losses import DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK, agg_loss, hidden_logprobs_and_entropy
+from ragen_jax.algos.losses import DEFAULT_LOGITS_CHUNK, DEFAULT_VOCAB_CHUNK, agg_loss, hidden_logprobs_and_entropy
 from ragen_jax.algos.losses import kl_penalty, logprobs_and_entropy, masked_mean, policy_loss, value_loss
 from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
 
@@ -79,7 +79,7 @@ class UpdateConfig:
     use_kl_loss: bool = False
     kl_loss_type: str = "kl"
     vocab_chunk: int = DEFAULT_VOCAB_CHUNK  # vocabulary entries per step of the streamed logsumexp / entropy
-    token_chunk: int = DEFAULT_TOKEN_CHUNK  # (row, position) pairs a SplitLM scorer unembeds at once
+    logits_chunk: int = DEFAULT_LOGITS_CHUNK  # logits (rows x positions x vocabulary) a SplitLM scorer holds at once
     b1: float = 0.9
     b2: float = 0.999
     adam_eps: float = 1e-8
@@ -91,8 +91,8 @@ class UpdateConfig:
         if self.minibatch_size < 1 or self.epochs < 1 or self.minibatch_size % micro:
             raise ValueError(f"UpdateConfig epochs={self.epochs}, minibatch_size={self.minibatch_size}, "
                              f"micro_batch_size={self.micro_batch_size}: need positive sizes, micro dividing minibatch")
-        if self.vocab_chunk < 1 or self.token_chunk < 1:
-            raise ValueError(f"UpdateConfig vocab_chunk={self.vocab_chunk}, token_chunk={self.token_chunk}: "
+        if self.vocab_chunk < 1 or self.logits_chunk < 1:
+            raise ValueError(f"UpdateConfig vocab_chunk={self.vocab_chunk}, logits_chunk={self.logits_chunk}: "
                              "need positive chunk sizes")
         check_choice("algo.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         check_choice("algo.kl_loss_type", self.kl_loss_type, KL_ESTIMATORS)
@@ -174,12 +174,12 @@ def _inputs(tokens, positions, attention_mask):
 
 def token_logprobs(logits_fn: LogitsFn | SplitLM, params, tokens, positions, attention_mask, temperature,
                    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
-                   token_chunk: int = DEFAULT_TOKEN_CHUNK) -> tuple[jax.Array, jax.Array]:
+                   logits_chunk: int = DEFAULT_LOGITS_CHUNK) -> tuple[jax.Array, jax.Array]:
     """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
 
     tokens, positions: int32[B, L]; attention_mask: bool[B, L]. A `SplitLM` is scored from its hidden states,
-    `token_chunk` (row, position) pairs at a time (`losses.hidden_logprobs_and_entropy`: peak logits memory
-    B x max(1, token_chunk // B) x V floats, in the backward pass too); a plain logits function's f32[B, L-1, V]
+    in blocks of positions holding at most `logits_chunk` logits (`losses.hidden_logprobs_and_entropy`; in the
+    backward pass too, one position of every row at least); a plain logits function's f32[B, L-1, V]
     logits are computed whole. The same code scores old log-probs before the update and new ones inside it, so
     the ratio is 1 on the first minibatch up to float32 rounding (docs/architecture.md, design rule 6).
     """
@@ -187,7 +187,7 @@ def token_logprobs(logits_fn: LogitsFn | SplitLM, params, tokens, positions, att
     if isinstance(logits_fn, SplitLM):
         unembed = functools.partial(logits_fn.logits_from_hidden, params)
         hidden = logits_fn.hidden_states(params, *inputs)
-        return hidden_logprobs_and_entropy(unembed, hidden, targets, temperature, token_chunk, vocab_chunk)
+        return hidden_logprobs_and_entropy(unembed, hidden, targets, temperature, logits_chunk, vocab_chunk)
     return logprobs_and_entropy(logits_fn(params, *inputs), targets, temperature, vocab_chunk)
 
 
@@ -198,7 +198,7 @@ def token_values(values_fn: ValuesFn, params, tokens, positions, attention_mask)
 
 def _actor_loss(logits_fn, config: UpdateConfig, hyper: ActorHyper, params, batch: UpdateBatch, mask):
     logp, entropy = token_logprobs(logits_fn, params, batch.tokens, batch.positions, batch.attention_mask,
-                                   hyper.temperature, config.vocab_chunk, config.token_chunk)
+                                   hyper.temperature, config.vocab_chunk, config.logits_chunk)
     mode = config.loss_agg_mode
     pg_loss, pg_metrics = policy_loss(logp, batch.old_logp, batch.advantages, mask, hyper.clip_ratio_low,
                                       hyper.clip_ratio_high, hyper.clip_ratio_c, mode)

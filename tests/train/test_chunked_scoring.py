@@ -47,13 +47,14 @@ def head_inputs(seed=0):
     return hidden, kernel, targets
 
 
-@pytest.mark.parametrize("token_chunk,vocab_chunk", [(1, 8), (7, 37), (12, 5), (10_000, 64)])
-def test_chunked_head_matches_whole_logits(token_chunk, vocab_chunk):
+@pytest.mark.parametrize("logits_chunk,vocab_chunk", [(1, 8), (2 * ROWS * VOCAB + 5, 37), (4 * ROWS * VOCAB, 5),
+                                                       (10 ** 6, 64)])
+def test_chunked_head_matches_whole_logits(logits_chunk, vocab_chunk):
     """Blocks of 1, 2 (padded: 11 positions), 4 (padded) and all positions; vocab chunks with a remainder."""
     hidden, kernel, targets = head_inputs()
 
     def chunked(h, w):
-        return losses.hidden_logprobs_and_entropy(lambda x: x @ w, h, targets, TEMPERATURE, token_chunk, vocab_chunk)
+        return losses.hidden_logprobs_and_entropy(lambda x: x @ w, h, targets, TEMPERATURE, logits_chunk, vocab_chunk)
 
     def plain(h, w):
         return reference(h @ w, targets, TEMPERATURE)
@@ -69,10 +70,10 @@ def test_chunked_head_matches_whole_logits(token_chunk, vocab_chunk):
 
 def test_rejects_empty_chunks():
     hidden, kernel, targets = head_inputs()
-    with pytest.raises(ValueError, match="token_chunk"):
+    with pytest.raises(ValueError, match="logits_chunk"):
         losses.hidden_logprobs_and_entropy(lambda x: x @ kernel, hidden, targets, 1.0, 0)
-    with pytest.raises(ValueError, match="token_chunk"):
-        update.UpdateConfig(token_chunk=0)
+    with pytest.raises(ValueError, match="logits_chunk"):
+        update.UpdateConfig(logits_chunk=0)
 
 
 CONFIGS = {tied: ModelConfig(vocab_size=VOCAB, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
@@ -90,7 +91,7 @@ def model_batch(seed=1):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_causal_lm_scoring_matches_plain_log_softmax(tied):
-    """`token_logprobs(CausalLM)` (5 pairs per block: 1 position of 3 rows) against the whole model's logits
+    """`token_logprobs(CausalLM)` (blocks of 5 x V logits: 1 position of 3 rows) against the whole model's logits
     through `jax.nn.log_softmax`, values and gradients w.r.t. every parameter (tied and untied LM heads)."""
     config = CONFIGS[tied]
     params = transformer.init_params(config, jax.random.key(0))
@@ -99,7 +100,7 @@ def test_causal_lm_scoring_matches_plain_log_softmax(tied):
 
     def chunked(p):
         return update.token_logprobs(transformer.CausalLM(config), p, tokens, positions, attention, TEMPERATURE,
-                                     vocab_chunk=16, token_chunk=5)
+                                     vocab_chunk=16, logits_chunk=5 * VOCAB)
 
     def plain(p):
         logits = transformer.apply(config, p, tokens[:, :-1], positions[:, :-1], attention[:, :-1])
@@ -114,7 +115,7 @@ def test_causal_lm_scoring_matches_plain_log_softmax(tied):
 
 
 def test_actor_update_with_causal_lm_equals_logits_function():
-    """The whole minibatch loop (token_chunk from UpdateConfig) trains the same parameters through either scorer."""
+    """The whole minibatch loop (logits_chunk from UpdateConfig) trains the same parameters through either scorer."""
     config = CONFIGS[False]
     params = transformer.init_params(config, jax.random.key(2))
     tokens, positions, attention = model_batch(3)
@@ -126,7 +127,7 @@ def test_actor_update_with_causal_lm_equals_logits_function():
                                ref_logp=f32(rng.normal(-3.5, 0.3, shape)), returns=f32(np.zeros(shape)),
                                old_values=f32(np.zeros(shape)))
     hyper = update.ActorHyper(*(jnp.float32(v) for v in (1e-2, 0.2, 0.28, 3.0, 0.01, 0.05, TEMPERATURE)))
-    upd = update.UpdateConfig(epochs=1, minibatch_size=ROWS, use_kl_loss=True, kl_loss_type="k3", token_chunk=4)
+    upd = update.UpdateConfig(epochs=1, minibatch_size=ROWS, use_kl_loss=True, kl_loss_type="k3", logits_chunk=4 * VOCAB)
     run = jax.jit(update.actor_update, static_argnums=(0, 6))
     opt = update.optimizer_init(params, upd)
     got = run(transformer.CausalLM(config), params, opt, batch, ROWS, hyper, upd)
@@ -138,7 +139,7 @@ def test_actor_update_with_causal_lm_equals_logits_function():
 
 def test_backward_pass_holds_no_full_logits():
     """XLA's buffer assignment of the jitted gradient: the plain path needs several [B, T, V] float32 buffers,
-    the chunked one less than half of one (B = 4 rows, T = 64 positions, V = 4096; blocks of 16 pairs)."""
+    the chunked one less than half of one (B = 4 rows, T = 64 positions, V = 4096; blocks of 16 x V logits: 4 positions of 4 rows)."""
     rows, length, vocab = 4, 64, 4096
     hidden = jnp.zeros((rows, length, WIDTH), jnp.float32)
     kernel = jnp.zeros((WIDTH, vocab), jnp.float32)
@@ -150,6 +151,6 @@ def test_backward_pass_holds_no_full_logits():
         return jax.jit(jax.grad(loss, (0, 1))).lower(hidden, kernel).compile().memory_analysis().temp_size_in_bytes
 
     plain = temp_bytes(lambda h, w: reference(h @ w, targets, 1.0))
-    chunked = temp_bytes(lambda h, w: losses.hidden_logprobs_and_entropy(lambda x: x @ w, h, targets, 1.0, 16))
+    chunked = temp_bytes(lambda h, w: losses.hidden_logprobs_and_entropy(lambda x: x @ w, h, targets, 1.0, 16 * vocab))
     assert plain >= 2 * full  # the measure sees the whole logits and their cotangent
     assert chunked < full / 2
