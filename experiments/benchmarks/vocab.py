@@ -1,12 +1,14 @@
 """Cost of a large vocabulary: one compiled training step of a tiny model at 512 vs 151,936 (Qwen2.5) embedding rows,
 with the policy scored from whole logits or in token chunks.
 
-    .venv/bin/python -m experiments.benchmarks.vocab [--quick] [--repeats 2]
+    .venv/bin/python -m experiments.benchmarks.vocab [--repeats 2]
 
 One `ragen_jax.train.step.TrainStep` (rollout -> collapse diagnostics -> filter -> old log-probs -> GRPO -> actor
 update) on the Bandit with the built-in tokenizer (the same prompts and geometry at both sizes: rows past its
-vocabulary are never prompted, only sampled from), a d_model 64 x 2-layer model with an untied head, 4 groups x 4
-rollouts, responses of up to 32 tokens, float32. The policy is the scripted template policy
+vocabulary are never prompted, only sampled from), a d_model 64 x 2-layer model with an untied head, 2 groups x 2
+rollouts of 704 tokens (the built-in tokenizer spells the prompt in ~670), responses of up to 32 tokens, float32:
+one [rows, tokens, V] float32 array is 1.6 GiB at V = 151,936, so more rows would not fit a 24 GiB machine's
+whole-logits step. The policy is the scripted template policy
 (`ragen_jax.models.scripted`), so both collapse families score real reasoning. Scorers (`TrainStep.logits_fn`):
   logits:  `functools.partial(transformer.apply, config)`: every [rows, tokens, V] logit at once, then the
            vocabulary-chunked log-softmax (`algos.losses.logprobs_and_entropy`);
@@ -33,11 +35,9 @@ VOCABS = (512, 151_936)
 SCORERS = ("logits", "chunked")
 MODEL = {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 4, "model.num_kv_heads": 2,
          "model.mlp_dim": 256, "model.tie_embeddings": False}
-GEOMETRY = {"env.name": "bandit", "rollout.num_groups": 4, "rollout.group_size": 4, "rollout.max_turn": 1,
+GEOMETRY = {"env.name": "bandit", "rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 1,
             "rollout.max_actions_per_turn": 1, "rollout.max_actions_per_traj": 1, "rollout.response_length": 32,
-            "algo.ppo_mini_batch_size": 8, "diagnostics.num_samples": 16}
-QUICK = {"rollout.num_groups": 2, "rollout.group_size": 2, "algo.ppo_mini_batch_size": 4,
-         "diagnostics.num_samples": 4}
+            "algo.ppo_mini_batch_size": 4, "diagnostics.num_samples": 4}
 MiB = 2 ** 20
 
 
@@ -52,7 +52,7 @@ def script(tokenizer) -> list[int]:
     return [tokenizer.token_id(tok_lib.THINK_OPEN), *singles[:12], *tail]
 
 
-def measure(vocab: int, scorer: str, quick: bool, repeats: int) -> dict:
+def measure(vocab: int, scorer: str, repeats: int) -> dict:
     """One (vocabulary, scorer) in this process: compile and run the step; figures as in the module docstring."""
     import jax
 
@@ -64,7 +64,7 @@ def measure(vocab: int, scorer: str, quick: bool, repeats: int) -> dict:
     from ragen_jax.train.build import build, build_chat_format, build_env, build_tokenizer
     from ragen_jax.train.step import Hyper, TrainStep
 
-    overrides = {**MODEL, **GEOMETRY, **(QUICK if quick else {}), "model.vocab_size": vocab}
+    overrides = {**MODEL, **GEOMETRY, "model.vocab_size": vocab}
     config = presets.apply_overrides(presets.preset_config(base.get_config(), "grpo"), overrides)
     tokenizer = build_tokenizer(config)
     env, _ = build_env(config, tokenizer)
@@ -119,20 +119,19 @@ def table(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 groups x 2 rollouts, 4 diagnostic samples")
     parser.add_argument("--repeats", type=int, default=2, help="timed steps after the warm-up step")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # "VOCAB,SCORER": measure in this process (a child)
     args = parser.parse_args()
     if args.one:
         vocab, scorer = args.one.split(",")
-        print(json.dumps(measure(int(vocab), scorer, args.quick, args.repeats)))
+        print(json.dumps(measure(int(vocab), scorer, args.repeats)))
         return
     results = []
     for vocab in VOCABS:
         for scorer in SCORERS:
             print(f"vocab {vocab} {scorer}: building and compiling in a fresh process", file=sys.stderr, flush=True)
             command = [sys.executable, "-m", "experiments.benchmarks.vocab", "--one", f"{vocab},{scorer}",
-                       "--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
+                       "--repeats", str(args.repeats)]
             out = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
             results.append(json.loads(out.strip().splitlines()[-1]))
             print(f"  {results[-1]}", file=sys.stderr, flush=True)
@@ -140,7 +139,7 @@ def main() -> None:
 
     print(json.dumps({"benchmark": "vocab", "jax": jax.__version__, "device": jax.devices()[0].device_kind,
                       "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
-                      "quick": args.quick, "repeats": args.repeats, "results": results}))
+                      "repeats": args.repeats, "results": results}))
     print(table(results))
 
 
