@@ -8,12 +8,13 @@ update) on the Bandit with the built-in tokenizer (the same prompts and geometry
 vocabulary are never prompted, only sampled from), a d_model 64 x 2-layer model with an untied head, 2 groups x 2
 rollouts of 704 tokens (the built-in tokenizer spells the prompt in ~670), responses of up to 32 tokens, float32:
 one [rows, tokens, V] float32 array is 1.6 GiB at V = 151,936, so more rows would not fit a 24 GiB machine's
-whole-logits step. The policy is the scripted template policy
-(`ragen_jax.models.scripted`), so both collapse families score real reasoning. Scorers (`TrainStep.logits_fn`):
+whole-logits step. The policy is the scripted template policy (`ragen_jax.models.scripted`), so both collapse
+families score real reasoning. Scorers (set as `TrainStep.logits_fn`):
   logits:  `functools.partial(transformer.apply, config)`: every [rows, tokens, V] logit at once, then the
            vocabulary-chunked log-softmax (`algos.losses.logprobs_and_entropy`);
   chunked: `transformer.CausalLM(config)`: hidden states, then blocks of positions of at most
-           `UpdateConfig.logits_chunk` logits (64 MiB) unembedded at a time under `jax.checkpoint` (`algos.losses.hidden_logprobs_and_entropy`).
+           `UpdateConfig.logits_chunk` logits (64 MiB) unembedded at a time under `jax.checkpoint`
+           (`algos.losses.hidden_logprobs_and_entropy`).
 Each (vocabulary, scorer) runs in its own process: build, compile, one warm-up step, then the best of `repeats`
 timed steps. Memory figures: XLA's buffer assignment of the compiled step (`compiled.memory_analysis()`: temporaries,
 and temporaries + arguments + outputs - aliased), and the process's peak resident set (`ru_maxrss`: everything,

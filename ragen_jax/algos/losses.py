@@ -252,10 +252,10 @@ def hidden_logprobs_and_entropy(
 
     The positions are scored in blocks of c = max(1, logits_chunk // (B * V)) (the last block zero-padded) by a
     `lax.map` whose body is rematerialised (`jax.checkpoint`): the forward and the backward pass each hold the
-    logits and their cotangent of one block, float[B, c, V], never float[B, T, V] (unless c >= T: then one
-    block holds everything, as a small vocabulary allows). The backward pass recomputes
-    each block's logits once (one more LM-head matmul). Values and gradients (through `hidden` and whatever
-    `unembed` closes over, e.g. the head's parameters) equal the unchunked computation up to float rounding.
+    logits and their cotangent of one block, float[B, c, V], not float[B, T, V] (unless c >= T: one block then
+    holds everything, as a small vocabulary allows). The backward pass recomputes each block's logits once (one
+    more LM-head matmul). Values and gradients (through `hidden` and whatever `unembed` closes over, e.g. the
+    head's parameters) equal the unchunked computation up to float rounding.
 
     Args:
       unembed: the LM head, float[B, c, D] -> float[B, c, V]; it may close over traced parameters.
@@ -269,7 +269,7 @@ def hidden_logprobs_and_entropy(
         raise ValueError(f"logits_chunk = {logits_chunk} is invalid: it must be a positive number of logits")
     rows, length, _ = hidden.shape
     vocab = jax.eval_shape(unembed, hidden[:, :1]).shape[-1]
-    size = min(length, max(1, logits_chunk // (rows * vocab)))
+    size = max(1, min(length, logits_chunk // (rows * vocab)))  # 1 for an empty sequence: no blocks
     blocks = -(-length // size)
     pad = blocks * size - length
 

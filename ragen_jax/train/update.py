@@ -17,8 +17,9 @@ Model functions are generic: `logits_fn(params, tokens, positions, attention_mas
 first L-1 tokens, whose outputs score the (B, L-1) targets `tokens[:, 1:]`
 (docs/prompts_and_parsing.md#token-layout-and-the-loss-mask). A `logits_fn` that is also a `SplitLM` (e.g.
 `transformer.CausalLM`) is scored from its final hidden states, unembedding blocks of positions that hold at most
-`UpdateConfig.logits_chunk` logits, so no f32[B, T, V] array exists in the forward or the backward pass; a plain function's
-logits are computed whole (then reduced over vocabulary chunks).
+`UpdateConfig.logits_chunk` logits (or one position of every row), so a large vocabulary's f32[B, T, V] logits never
+exist, in the forward or the backward pass; a plain function's logits are computed whole (then reduced over
+vocabulary chunks).
 """
 from __future__ import annotations
 

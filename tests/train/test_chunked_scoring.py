@@ -68,6 +68,12 @@ def test_chunked_head_matches_whole_logits(logits_chunk, vocab_chunk):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_empty_sequence_scores_nothing():
+    hidden, kernel, targets = head_inputs()
+    outputs = losses.hidden_logprobs_and_entropy(lambda x: x @ kernel, hidden[:, :0], targets[:, :0])
+    assert [x.shape for x in outputs] == [(ROWS, 0), (ROWS, 0)]
+
+
 def test_rejects_empty_chunks():
     hidden, kernel, targets = head_inputs()
     with pytest.raises(ValueError, match="logits_chunk"):
@@ -127,7 +133,8 @@ def test_actor_update_with_causal_lm_equals_logits_function():
                                ref_logp=f32(rng.normal(-3.5, 0.3, shape)), returns=f32(np.zeros(shape)),
                                old_values=f32(np.zeros(shape)))
     hyper = update.ActorHyper(*(jnp.float32(v) for v in (1e-2, 0.2, 0.28, 3.0, 0.01, 0.05, TEMPERATURE)))
-    upd = update.UpdateConfig(epochs=1, minibatch_size=ROWS, use_kl_loss=True, kl_loss_type="k3", logits_chunk=4 * VOCAB)
+    upd = update.UpdateConfig(epochs=1, minibatch_size=ROWS, use_kl_loss=True, kl_loss_type="k3",
+                              logits_chunk=4 * VOCAB)
     run = jax.jit(update.actor_update, static_argnums=(0, 6))
     opt = update.optimizer_init(params, upd)
     got = run(transformer.CausalLM(config), params, opt, batch, ROWS, hyper, upd)
@@ -139,7 +146,8 @@ def test_actor_update_with_causal_lm_equals_logits_function():
 
 def test_backward_pass_holds_no_full_logits():
     """XLA's buffer assignment of the jitted gradient: the plain path needs several [B, T, V] float32 buffers,
-    the chunked one less than half of one (B = 4 rows, T = 64 positions, V = 4096; blocks of 16 x V logits: 4 positions of 4 rows)."""
+    the chunked one less than half of one (B = 4 rows, T = 64 positions, V = 4096; blocks of 16 x V logits: 4
+    positions of 4 rows)."""
     rows, length, vocab = 4, 64, 4096
     hidden = jnp.zeros((rows, length, WIDTH), jnp.float32)
     kernel = jnp.zeros((WIDTH, vocab), jnp.float32)
