@@ -171,6 +171,19 @@ def summary_line(step: int, metrics: Mapping[str, Any], keys: Iterable[str]) -> 
     return " | ".join(parts)
 
 
+def throughput(metrics: Mapping[str, float], env_name: str, batch_size: int) -> dict[str, float]:
+    """RAGEN's throughput of one step from its metrics: `perf/generated_tokens`, the tokens the rollout sampled (the
+    trajectory's `sampled` mask summed over its B = `batch_size` rows, as `response_length/mean` x
+    `<env>/num_turns` x B: tokens per taken turn x taken turns), and `perf/generated_tokens_per_s`, those over the
+    whole step's `timing_s/step` (scoring and the update included). {} when a key is missing."""
+    try:
+        tokens = round(metrics["response_length/mean"] * metrics[f"{env_name}/num_turns"] * batch_size)
+        seconds = metrics["timing_s/step"]
+    except KeyError:
+        return {}
+    return {"perf/generated_tokens": float(tokens), "perf/generated_tokens_per_s": tokens / max(seconds, 1e-9)}
+
+
 def _encode_line(step: int, values: dict[str, float]) -> str:
     row = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in values.items()}}
     return json.dumps(row, allow_nan=False) + "\n"

@@ -15,8 +15,11 @@ Differences from S separate runs, by construction of vmap: the step counter is s
 `train.total_steps` unless stopped); a branch that some member takes runs for all and is discarded for the others by
 a select (`sharding.sweep_max`). Early stops (docs/filtering.md#early-stops) apply per member: a stopped member's state
 is held from then on and its rows end (`<logging.dir>/sweep.json` lists each stop); the sweep ends when every member has
-stopped or at `train.total_steps`. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`; checkpoints
-(`checkpoint.dir`) hold the stacked state. Metrics come back replicated, so the host loop also runs multi-host as
+stopped or at `train.total_steps`. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`, transcripts of each
+member's validation rollout to `<logging.dir>/<member name>/samples/` (`train.transcripts`); checkpoints
+(`checkpoint.dir`) hold the stacked state. Timings as in `train.loop`: `timing_s/step` and the compile times are the
+shared step's (the same in every member's row), `perf/generated_tokens` each member's own tokens (their sum over the
+members is what the step generated). Metrics come back replicated, so the host loop also runs multi-host as
 `train.loop.train` does (tested there for single runs only).
 """
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -33,15 +35,15 @@ import numpy as np
 
 from environments.pytrees import tree_select
 from ragen_jax import config as config_lib
-from ragen_jax import distributed, sharding
+from ragen_jax import compile_cache, distributed, sharding
 from ragen_jax import metrics as metrics_lib
 from ragen_jax.algos.presets import apply_overrides
-from ragen_jax.train import validation
+from ragen_jax.train import transcripts, validation
 from ragen_jax.train.build import build, build_env
 from ragen_jax.train.early_stops import EarlyStops
-from ragen_jax.train.host import RunFiles
-from ragen_jax.train.loop import initial_params, make_validator, run_keys, summary_keys
-from ragen_jax.train.metrics import summary_line, to_floats
+from ragen_jax.train.host import RunFiles, Timed
+from ragen_jax.train.loop import initial_params, log_compile, make_validator, run_keys, summary_keys
+from ragen_jax.train.metrics import summary_line, throughput, to_floats
 from ragen_jax.train.step import Hyper, TrainState, TrainStep
 
 SWEEPABLE = ("filter.value", "filter.eps", "algo.gamma", "algo.lam", "algo.high_level_gamma", "algo.kl_coef",
@@ -98,6 +100,7 @@ class Sweep:
         if len(self.points) % config.mesh.sweep:
             raise config_lib.ConfigError("mesh.sweep", config.mesh.sweep,
                                          f"must divide the {len(self.points)} sweep members")
+        compile_cache.enable(config.logging.compilation_cache)
         self.mesh = sharding.make_mesh(config)
         self.parts = build(config)
         self.train_step = TrainStep(config, self.parts.env, self.parts.tokenizer, self.parts.model_config,
@@ -174,7 +177,9 @@ class Sweep:
         """Trains every member for `train.total_steps` steps or until it stops early. Returns (stacked final state,
         metrics rows per member)."""
         lg, total = self.config.logging, self.config.train.total_steps
-        evaluate, success_keys = make_validator(self.config, self.parts)
+        validate_fn, success_keys = make_validator(self.config, self.parts)
+        keys = summary_keys(self.config) + tuple(success_keys)
+        batch_size = self.config.rollout.num_groups * self.config.rollout.group_size
         stops = [EarlyStops(cfg.filter, len(success_keys)) for cfg in self.configs]
         fired: list[dict[str, Any]] = [{} for _ in self.names]
         self._log(f"sweep of {self.size} members on mesh {dict(self.mesh.shape)}: {', '.join(self.names)}")
@@ -191,37 +196,42 @@ class Sweep:
                 for member_stops, saved in zip(stops, extra["early_stop"]):
                     member_stops.load_json(saved)
                 fired = extra["fired"]
-            step_fn = self.step_fn(abstract)
+            step_fn = Timed(self.step_fn(abstract), "step")
             step_keys = jax.device_put(jnp.stack([k[2] for k in self.keys]), self._members_sharding())
             hyper, _, hyper_sharding = self.hyper()
             hyper = jax.device_put(hyper, hyper_sharding)
             vmapped_eval = None
-            if evaluate is not None:
-                vmapped_eval = jax.jit(jax.vmap(evaluate, axis_name=sharding.SWEEP_AXIS,
-                                                spmd_axis_name=sharding.SWEEP_AXIS),
-                                       out_shardings=sharding.replicated(self.mesh))
+            if validate_fn is not None:
+                vmapped_eval = Timed(jax.jit(jax.vmap(validate_fn, axis_name=sharding.SWEEP_AXIS,
+                                                      spmd_axis_name=sharding.SWEEP_AXIS),
+                                             out_shardings=sharding.replicated(self.mesh)), "testing")
             histories: list[list[dict]] = [[] for _ in self.names]
-            if int(state.step) == 0 and vmapped_eval is not None:
-                self._validate(vmapped_eval, state, 0, None, writers, stops, fired, success_keys)
-            bar = files.progress_bar(int(state.step), "sweep")
+            progress = files.progress(int(state.step), "sweep", self.log)
+            if int(state.step) == 0:
+                rows = {i: {} for i in range(self.size)}
+                if self._validate(vmapped_eval, state, 0, rows, writers, stops, fired, success_keys, progress):
+                    for i, row in rows.items():
+                        writers[i].write(0, row, force=True)
+                        progress.write(f"[{self.names[i]}] " + summary_line(0, row, success_keys))
             while int(state.step) < total and not all(fired):
-                start = time.perf_counter()
                 stopped = [bool(f) for f in fired]
-                state, metrics = step_fn(state, step_keys, hyper,
-                                         jax.device_put(np.array(stopped), self._members_sharding()))
+                (state, metrics), timing = step_fn(state, step_keys, hyper,
+                                                   jax.device_put(np.array(stopped), self._members_sharding()))
+                log_compile(progress, timing)
                 step = int(state.step)
                 metrics = jax.device_get(metrics)  # one transfer for all members
-                rows = {i: to_floats(unstack(metrics, i)) for i in range(self.size) if not stopped[i]}
+                rows = {i: {**to_floats(unstack(metrics, i)), **timing} for i in range(self.size) if not stopped[i]}
                 for i, row in rows.items():
-                    row["time/step_s"] = time.perf_counter() - start
-                    self._stop(fired, i, step, stops[i].after_step(row))
-                if vmapped_eval is not None and validation.should_validate(step, self.config.train.test_freq, total):
-                    self._validate(vmapped_eval, state, step, rows, writers, stops, fired, success_keys)
+                    row.update(throughput(row, self.config.env.name, batch_size))
+                    self._stop(fired, i, step, stops[i].after_step(row), progress)
+                validated = self._validate(vmapped_eval, state, step, rows, writers, stops, fired, success_keys,
+                                           progress)
                 for i, row in rows.items():
                     histories[i].append(row)
-                    writers[i].write(step, row, force=any(k.startswith(validation.PREFIX) for k in row))
-                    self._log(f"[{self.names[i]}] " + summary_line(step, row, summary_keys(self.config)))
-                bar.update(1)
+                    writers[i].write(step, row, force=validated)
+                progress.update({k: float(np.mean([row[k] for row in rows.values()])) for k in rows[min(rows)]},
+                                "\n".join(f"[{self.names[i]}] " + summary_line(step, row, keys)
+                                          for i, row in rows.items()), validated)
                 if checkpointer is not None:
                     extra = {"early_stop": [s.to_json() for s in stops], "fired": fired, "members": self.names}
                     checkpointer.save(step, state, extra, force=step == total or all(fired))
@@ -230,25 +240,34 @@ class Sweep:
                     json.dump({"members": self.points, "names": self.names, "early_stop": fired}, f, indent=1)
         return state, histories
 
-    def _validate(self, vmapped_eval, state, step, rows, writers, stops, fired, success_keys) -> None:
-        """Validates the members still running; merges the metrics into `rows` ({member: row}), or writes step-0
-        rows when `rows` is None."""
-        val = jax.device_get(vmapped_eval(state.actor))
-        for i in range(self.size) if rows is None else list(rows):
-            member = to_floats(unstack(val, i))
-            self._stop(fired, i, step, stops[i].after_validation([member[k] for k in success_keys]))
-            if rows is None:
-                writers[i].write(step, member, force=True)
-                self._log(f"[{self.names[i]}] " + summary_line(step, member, success_keys))
-            else:
-                rows[i].update(member)
+    def _validate(self, vmapped_eval, state, step, rows, writers, stops, fired, success_keys, progress) -> bool:
+        """Validates the members in `rows` ({member: row}) and writes their transcripts, when due after `step`;
+        merges the metrics and timings into `rows`. Returns whether it validated."""
+        c = self.config
+        validating = validation.should_validate(step, c.train.test_freq, c.train.total_steps)
+        sampling = transcripts.due(step, c.logging.samples_every)
+        if vmapped_eval is None or not (validating or sampling):
+            return False
+        (val, sample), timing = vmapped_eval(state.actor)
+        log_compile(progress, timing)
+        val, sample = jax.device_get((val, sample))
+        for i, row in rows.items():
+            row.update(timing)
+            if validating:
+                row.update(to_floats(unstack(val, i)))
+                self._stop(fired, i, step, stops[i].after_validation([row[k] for k in success_keys]), progress)
+            if sampling:
+                transcripts.write(writers[i].directory, step,
+                                  transcripts.records(unstack(sample, i), self.parts.tokenizer))
+        return validating
 
-    def _stop(self, fired: list[dict], member: int, step: int, reason: str | None) -> None:
+    def _stop(self, fired: list[dict], member: int, step: int, reason: str | None, progress) -> None:
         """Records a member's first early stop (docs/filtering.md#early-stops): from the next step on its state is
         held."""
         if reason is not None and not fired[member]:
             fired[member].update(step=step, reason=reason)
-            self._log(f"[{self.names[member]}] early stop at step {step}: {reason} (docs/filtering.md#early-stops)")
+            progress.write(f"[{self.names[member]}] early stop at step {step}: {reason} "
+                           "(docs/filtering.md#early-stops)")
 
     def _log(self, text: str) -> None:
         if self.log is not None:

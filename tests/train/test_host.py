@@ -2,6 +2,7 @@
 checkpoint loadable and its metrics on disk, and the same run started again resumes from it."""
 from __future__ import annotations
 
+import io
 import os
 
 import flax
@@ -13,6 +14,13 @@ from configs import base
 from ragen_jax.algos import presets
 from ragen_jax.train.host import RunFiles
 from ragen_jax.train.metrics import read_metrics
+
+
+class Terminal(io.StringIO):
+    """A console that says it is a terminal (tqdm draws its bar into it)."""
+
+    def isatty(self) -> bool:
+        return True
 
 
 @flax.struct.dataclass
@@ -30,7 +38,7 @@ def test_an_exception_mid_run_leaves_a_loadable_checkpoint_and_closed_files(tmp_
         with RunFiles(config, [config.logging.dir]) as files:
             state, extra = files.restore_or_start(fresh, lambda: fresh, log=None)
             assert extra is None
-            bar = files.progress_bar(0, "train")
+            bar = files.progress(0, "train", log=None, file=Terminal()).bar
             assert not bar.disable
             state = State(step=jnp.array(1), w=jnp.arange(3.0))
             files.writers[0].write(1, {"loss": 0.5})
@@ -45,3 +53,29 @@ def test_an_exception_mid_run_leaves_a_loadable_checkpoint_and_closed_files(tmp_
     assert extra == {"early_stop": {}} and int(state.step) == 1
     np.testing.assert_array_equal(state.w, np.arange(3.0))
     assert lines == [f"resumed from step 1 in {os.path.join(tmp_path, 'checkpoints')}"]
+
+
+def test_progress_is_a_bar_with_the_step_postfix_on_a_terminal_and_one_line_per_step_elsewhere(tmp_path):
+    config = presets.apply_overrides(base.get_config(), {"env.name": "bandit", "train.total_steps": 4,
+                                                         "logging.progress_bar": True})
+    steps = [{"bandit/success": 0.5, "rollout/in_group_reward_std": 0.25, "rollout/filter_kept_ratio": 0.875,
+              "collapse_first_turn_sample/mi_zscore": 1.5, "timing_s/step": 2.0},
+             {"bandit/success": 0.75, "rollout/in_group_reward_std": 0.125, "rollout/filter_kept_ratio": 1.0,
+              "collapse_first_turn_sample/mi_zscore": float("nan"), "timing_s/step": 3.0}]
+    console, lines = Terminal(), []
+    with RunFiles(config, [None]) as files:
+        progress = files.progress(1, "train", log=lines.append, file=console)
+        progress.update(steps[0], "step 2 | ...")
+        progress.update(steps[1], "step 3 | val-env/bandit/success 0.5", validated=True)
+        assert progress.bar.n == 3 and progress.bar.total == 4
+    text = console.getvalue()
+    # the last postfix: the newest values, the MI z-score of the step before (NaN: not computed this step)
+    assert "success=0.75, reward_std=0.125, kept=1, mi_z=1.5, s/step=3" in text
+    assert "step 3 | val-env/bandit/success 0.5" in text and "step 2 | ..." not in text and lines == []
+
+    plain = io.StringIO()  # not a terminal: no bar, every step's summary line to the log
+    with RunFiles(config, [None]) as files:
+        progress = files.progress(1, "train", log=lines.append, file=plain)
+        progress.update(steps[0], "step 2 | ...")
+        progress.write("early stop at step 2")
+    assert progress.bar is None and plain.getvalue() == "" and lines == ["step 2 | ...", "early stop at step 2"]

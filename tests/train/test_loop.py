@@ -19,6 +19,7 @@ from experiments import report
 from experiments import train as train_cli
 from ragen_jax import distributed
 from ragen_jax.algos import presets
+from ragen_jax.train import transcripts
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import train
 from ragen_jax.train.metrics import read_metrics
@@ -29,7 +30,9 @@ TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size"
         "model.num_kv_heads": 1, "model.mlp_dim": 64, "model.max_seq_len": 1040, "train.sft_steps": 3,
         "train.sft_batch_size": 2,
         "train.total_steps": 2, "checkpoint.save_freq": 1, "logging.tensorboard": False,
-        "rollout.val_num_groups": 2, "train.test_freq": 2, "mesh.data": 2}  # 2 devices: each holds half the batch
+        "rollout.val_num_groups": 2, "train.test_freq": 2, "mesh.data": 2,  # 2 devices: each holds half the batch
+        "logging.samples_every": 0}
+TIMED = ("timing_s/", "perf/generated_tokens_per_s")  # the metrics that depend on the machine's speed
 
 
 def config_for(run_dir: str, **overrides):
@@ -41,7 +44,7 @@ def config_for(run_dir: str, **overrides):
 def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
     lines = []
-    state, history = train(config_for(full), log=lines.append)
+    state, history = train(config_for(full, **SAMPLED), log=lines.append)
     assert int(state.step) == 2 and len(history) == 2 and any(line.startswith("sft 3/3") for line in lines)
     rows = read_metrics(full)
     assert [r["step"] for r in rows] == [0, 1, 2] and np.isfinite(rows[1]["frozen_lake/episode_reward"])
@@ -49,16 +52,27 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     assert "val-env/frozen_lake/success" in rows[0] and "val-env/frozen_lake/success" in rows[2]
     assert "val-env/frozen_lake/success" not in rows[1]
     assert rows[0]["val-env/frozen_lake/num_turns"] > 0
+    check_timings(rows, lines)
+    # transcripts of the validation rollout at steps 0 and 2 (samples_every 2): its first trajectories
+    assert sorted(os.listdir(os.path.join(full, "samples"))) == ["step_0.jsonl", "step_2.jsonl"]
+    step, samples = transcripts.newest(full)
+    assert step == 2 and len(samples) == 2 and samples[0]["chat"].startswith("<|system|>")  # val batch: 2 x 1
+    rewards = [t["episode_reward"] for t in samples]  # the whole validation batch: its mean is the row's
+    assert np.mean(rewards) == pytest.approx(rows[2]["val-env/frozen_lake/episode_reward"], abs=1e-6)
+    assert [t["turn"] for t in samples[0]["turns"]] == list(range(1, len(samples[0]["turns"]) + 1))
     assert any(line.startswith("mesh {'sweep': 1, 'data': 2, 'fsdp': 1} over 2 of 8 devices") for line in lines)
     assert Checkpointer(os.path.join(full, "ckpt")).all_steps() == [1, 2]
 
     # interrupt after step 1: keep its checkpoint and metrics, then resume to step 2
     shutil.copytree(full, resumed)
     shutil.rmtree(os.path.join(resumed, "ckpt", "2"))
-    resumed_state, resumed_history = train(config_for(resumed, **{"checkpoint.resume": True}), log=lines.append)
+    os.remove(os.path.join(resumed, "samples", "step_2.jsonl"))
+    resumed_state, resumed_history = train(config_for(resumed, **SAMPLED, **{"checkpoint.resume": True}),
+                                           log=lines.append)
     assert any(line.startswith("resumed from step 1") for line in lines)
-    assert len(resumed_history) == 1
-    drop_time = lambda m: {k: v for k, v in m.items() if k != "time/step_s"}  # noqa: E731
+    assert len(resumed_history) == 1 and "timing_s/compile_step" in resumed_history[0]  # this process's first step
+    assert transcripts.newest(resumed) == (2, samples)  # the resumed run writes the same transcripts
+    drop_time = lambda m: {k: v for k, v in m.items() if not k.startswith(TIMED)}  # noqa: E731
     np.testing.assert_equal(drop_time(resumed_history[0]), drop_time(history[1]))  # NaN == NaN here
     for a, b in zip(jax.tree.leaves(state.actor), jax.tree.leaves(resumed_state.actor)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -66,6 +80,25 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
 
     png = report.plot(read_metrics(resumed), str(tmp_path / "report.png"))
     assert os.path.getsize(png) > 10_000
+
+
+SAMPLED = {"logging.samples_every": 2}
+
+
+def check_timings(rows, lines):
+    """RAGEN's timing_s/* family and the throughput (docs: train/loop.py): the step and validation times in their
+    rows, each program's compile time in the row of its first call (and a console line), generated tokens."""
+    val, first, second = rows
+    assert val["timing_s/testing"] > 0 and val["timing_s/compile_testing"] > 0 and val["timing_s/lower_testing"] > 0
+    assert first["timing_s/compile_step"] > 0 and first["timing_s/lower_step"] > 0 and first["timing_s/step"] > 0
+    assert "timing_s/compile_step" not in second and "timing_s/compile_testing" not in second
+    assert second["timing_s/step"] > 0 and second["timing_s/testing"] > 0 and "timing_s/testing" not in first
+    assert sum(line.startswith("compiled step in ") for line in lines) == 1
+    # tokens sampled: per taken turn x taken turns x B = 4 trajectories (2 groups x 2), at most 16 per turn
+    for row in (first, second):
+        tokens = row["response_length/mean"] * row["frozen_lake/num_turns"] * 4
+        assert row["perf/generated_tokens"] == round(tokens) and 0 < tokens <= 4 * 2 * 16
+        assert row["perf/generated_tokens_per_s"] == pytest.approx(row["perf/generated_tokens"] / row["timing_s/step"])
 
 
 EMPTY_FILTER = {"rollout.temperature": 0.0, "filter.include_zero": False, "filter.empty_stop_steps": 1,
@@ -120,7 +153,7 @@ def test_two_processes_repeat_the_one_process_run(empty_filter_run, tmp_path):
     histories = [json.loads(line[len("HISTORY "):]) for out in outputs for line in out.splitlines()
                  if line.startswith("HISTORY ")]
     assert len(histories) == 2 and len(histories[0]) == len(expected) == 1
-    drop_time = lambda m: {k: v for k, v in m.items() if k != "time/step_s"}  # noqa: E731
+    drop_time = lambda m: {k: v for k, v in m.items() if not k.startswith(TIMED)}  # noqa: E731
     assert drop_time(histories[0][0]) == drop_time(histories[1][0])  # one global program: identical values
     for key, value in drop_time(expected[0]).items():
         np.testing.assert_allclose(histories[0][0][key], value, rtol=1e-4, atol=1e-5, err_msg=key)
@@ -130,14 +163,15 @@ def test_two_processes_repeat_the_one_process_run(empty_filter_run, tmp_path):
 
 
 def test_low_validation_success_stops_before_training(tmp_path):
-    """Every success rate is below a floor of 1.1, so with patience 1 the evaluation before training stops the run
-    (docs/filtering.md#early-stops, rule 3): no step runs, and the step-0 row holds the validation metrics."""
+    """The untrained policy's success rates are below a floor of 1.0, so with patience 1 the evaluation before
+    training stops the run (docs/filtering.md#early-stops, rule 3): no step runs, and the step-0 row holds the
+    validation metrics."""
     lines = []
-    config = config_for(str(tmp_path), **{"filter.val_success_floor": 1.1, "filter.val_success_patience": 1,
+    config = config_for(str(tmp_path), **{"filter.val_success_floor": 1.0, "filter.val_success_patience": 1,
                                           "train.sft_steps": 0, "checkpoint.dir": ""})
     state, history = train(config, log=lines.append)
     assert int(state.step) == 0 and history == []
-    assert any("early stop at step 0: validation success below 1.1" in line for line in lines)
+    assert any("early stop at step 0: validation success below 1.0" in line for line in lines)
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [0]
 
 

@@ -17,6 +17,7 @@ from ragen_jax import config as config_lib
 from ragen_jax import metrics as metrics_lib
 from ragen_jax.algos import presets
 from ragen_jax.train import sweep as sweep_lib
+from ragen_jax.train import transcripts
 from ragen_jax.train.metrics import read_metrics
 
 TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2,
@@ -24,14 +25,15 @@ TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size"
         "diagnostics.num_samples": 4, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
         "model.num_kv_heads": 1, "model.mlp_dim": 64, "model.max_seq_len": 1040, "train.sft_steps": 0,
         "train.total_steps": 2, "logging.tensorboard": False, "rollout.val_num_groups": 2, "train.test_freq": 1,
-        "mesh.sweep": 2, "mesh.data": 2, "mesh.fsdp": 2}
+        "mesh.sweep": 2, "mesh.data": 2, "mesh.fsdp": 2, "logging.samples_every": 1}
 CHECKPOINTS = {"checkpoint.save_freq": 1, "checkpoint.resume": False}
-# member 1's success is below a floor of 1.1 at the validations of steps 0 and 1: with patience 2 it stops at step 1
+TIMED = ("timing_s/", "perf/generated_tokens_per_s")  # the metrics that depend on the machine's speed
+# member 1's success is below a floor of 1.0 at the validations of steps 0 and 1: with patience 2 it stops at step 1
 POINTS = [{"filter.value": 1.0, "train.seed": 0},
           {"filter.value": 0.5, "rollout.temperature": 0.7, "env.success_rate": 0.5, "train.seed": 1,
-           "filter.val_success_floor": 1.1, "filter.val_success_patience": 2}]
+           "filter.val_success_floor": 1.0, "filter.val_success_patience": 2}]
 NAMES = ["filter.value=1.0,train.seed=0",
-         "filter.value=0.5,rollout.temperature=0.7,env.success_rate=0.5,train.seed=1,filter.val_success_floor=1.1,"
+         "filter.value=0.5,rollout.temperature=0.7,env.success_rate=0.5,train.seed=1,filter.val_success_floor=1.0,"
          "filter.val_success_patience=2"]
 
 
@@ -77,6 +79,18 @@ def test_members_match_the_plain_step(tmp_path):
         rows = read_metrics(os.path.join(run_dir, name))
         assert [r["step"] for r in rows] == list(range(len(history) + 1))
         assert rows[1]["actor/pg_loss"] == pytest.approx(history[0]["actor/pg_loss"])
+        # timings in every row, the shared step's compile time in the first step's; a member's own token count
+        assert "timing_s/compile_testing" in rows[0] and "timing_s/compile_step" in rows[1]
+        assert rows[1]["perf/generated_tokens"] == round(rows[1]["response_length/mean"] * 4 *
+                                                         rows[1]["frozen_lake/num_turns"])
+        # each validated step's transcripts: the member's whole validation batch (2 trajectories), so their
+        # rewards average to the row's validation reward
+        assert sorted(os.listdir(os.path.join(run_dir, name, "samples"))) == [f"step_{r['step']}.jsonl" for r in rows]
+        for row in rows:
+            with open(transcripts.path(os.path.join(run_dir, name), row["step"]), encoding="utf-8") as f:
+                samples = [json.loads(line) for line in f]
+            assert np.mean([t["episode_reward"] for t in samples]) == pytest.approx(
+                row["val-env/frozen_lake/episode_reward"], abs=1e-6)
     with open(os.path.join(run_dir, "sweep.json"), encoding="utf-8") as f:
         summary = json.load(f)
     assert summary["names"] == NAMES and summary["early_stop"][0] == {}
@@ -96,7 +110,7 @@ def test_members_match_the_plain_step(tmp_path):
     _, resumed = sweep_lib.Sweep(config_for(resumed_dir, **{**CHECKPOINTS, "checkpoint.resume": True}), POINTS,
                                  log=None).run()
     assert [len(h) for h in resumed] == [1, 0]
-    drop_time = lambda m: {k: v for k, v in m.items() if k != "time/step_s"}  # noqa: E731
+    drop_time = lambda m: {k: v for k, v in m.items() if not k.startswith(TIMED)}  # noqa: E731
     np.testing.assert_equal(drop_time(resumed[0][0]), drop_time(histories[0][1]))
     assert [r["step"] for r in read_metrics(os.path.join(resumed_dir, sweep.names[0]))] == [0, 1, 2]
 
