@@ -124,14 +124,11 @@ def main() -> None:
         fns[name] = lambda f=fn: f(params, spans, jax.random.key(1), sampling.init_state())
 
     # ---- gradient-component analysis on the same batch
-    grad_batch = gradients.GradBatch(tokens=spans.tokens, positions=positions, attention_mask=attention,
-                                     loss_mask=loss_mask, old_logp=old_logp, advantages=adv[:, None] + zeros,
-                                     ref_logp=old_logp, row_valid=jnp.ones(batch_size, bool),
-                                     group_ids=spans.group_ids, group_rv=jnp.asarray(group_rv, jnp.float32))
-    loss_hyper = gradients.LossHyper(*(jnp.float32(v) for v in (0.2, 0.28, 3.0, 0.001, 0.001, 1.0)))
+    loss_hyper = hyper._replace(kl_loss_coef=jnp.float32(0.001))
     analysis = jax.jit(functools.partial(gradients.gradient_analysis, logits_fn, agg_mode="token-mean",
-                                         kl_type="low_var_kl"))
-    fns["grad_analysis"] = lambda: analysis(params, grad_batch, loss_hyper)
+                                         use_kl_loss=True, kl_type="low_var_kl"))
+    fns["grad_analysis"] = lambda: analysis(params, upd_batch, loss_hyper, jnp.ones(batch_size, bool),
+                                            spans.group_ids, jnp.asarray(group_rv, jnp.float32))
 
     # ---- prefix-cached vs naive scoring at prompt 200, reasoning 64
     prompts = jnp.asarray(rng.integers(1, config.vocab_size, (SCORE_COLS, SCORE_PROMPT)), jnp.int32)

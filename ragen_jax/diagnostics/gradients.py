@@ -7,7 +7,7 @@ group first) into min(num_buckets, #groups) equal-count buckets, the remainder g
 RV) .. `bucket_n`, plus `all` (every valid row). For each bucket the gradients of the three loss terms are
 taken separately on that bucket's rows (no optimizer step, parameters untouched):
 
-  task = policy_loss(...)            entropy = -entropy_coeff * agg(H)      kl = kl_coef * agg(kl_penalty)
+  task = policy_loss(...)            entropy = -entropy_coeff * agg(H)      kl = kl_loss_coef * agg(kl_penalty)
 
 so task + entropy + kl is the actor loss and the three gradients sum to its gradient. Logged (RAGEN names,
 prefix `grad_norm/`): `<bucket>/{task,entropy,kl}` global L2 norms and `<bucket>/total` (the norm of their sum,
@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -36,6 +35,7 @@ from ragen_jax import sharding
 from ragen_jax.algos import losses
 from ragen_jax.config import BUCKET_MODES, check_choice
 from ragen_jax.diagnostics import schedule
+from ragen_jax.train.update import ActorHyper, UpdateBatch
 
 COMPONENTS = ("task", "entropy", "kl")
 
@@ -43,55 +43,16 @@ COMPONENTS = ("task", "entropy", "kl")
 LogitsFn = Callable[[object, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
-@flax.struct.dataclass
-class GradBatch:
-    """A prepared actor batch. Token arrays are [B, L-1], aligned with the targets tokens[:, 1:].
-
-    loss_mask: bool/f32[B, L-1] trained target tokens. row_valid: bool[B] rows in the analysed (filtered)
-    batch. group_ids: int32[B] in [0, G). group_rv: f32[G] each group's reward std (`filtering.group_scores`).
-    ref_logp may be None when there is no KL loss term (its gradient is then reported as 0).
-    """
-
-    tokens: jax.Array
-    positions: jax.Array
-    attention_mask: jax.Array
-    loss_mask: jax.Array
-    old_logp: jax.Array
-    advantages: jax.Array
-    ref_logp: jax.Array | None
-    row_valid: jax.Array
-    group_ids: jax.Array
-    group_rv: jax.Array
-
-
-@flax.struct.dataclass
-class LossHyper:
-    """Traced loss coefficients (sweepable without recompiling)."""
-
-    clip_low: jax.Array
-    clip_high: jax.Array
-    clip_c: jax.Array
-    entropy_coeff: jax.Array
-    kl_coef: jax.Array
-    temperature: jax.Array
-
-    @classmethod
-    def from_config(cls, config) -> "LossHyper":
-        """From `configs/base.py`: algo clip ratios and coefficients (kl_coef 0 without a KL loss), rollout T."""
-        a = config.algo
-        kl = a.kl_loss_coef if a.use_kl_loss else 0.0
-        values = (a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c, a.entropy_coeff, kl, config.rollout.temperature)
-        return cls(*(jnp.float32(v) for v in values))
-
-
 @dataclasses.dataclass(frozen=True)
 class GradAnalysisOptions:
-    """Static structure of the analysis (config `diagnostics.grad_analysis_*`, `algo.loss_agg_mode/kl_loss_type`)."""
+    """Static structure of the analysis (config `diagnostics.grad_analysis_*`,
+    `algo.loss_agg_mode/use_kl_loss/kl_loss_type`)."""
 
     every: int = 0
     bucket_mode: str = "quantile"
     num_buckets: int = 6
     agg_mode: str = "token-mean"
+    use_kl_loss: bool = False
     kl_type: str = "kl"
     chunk_rows: int = 16
 
@@ -99,8 +60,8 @@ class GradAnalysisOptions:
     def from_config(cls, config, chunk_rows: int = 16) -> "GradAnalysisOptions":
         d, a = config.diagnostics, config.algo
         return cls(every=d.grad_analysis_every, bucket_mode=d.grad_analysis_bucket_mode,
-                   num_buckets=d.grad_analysis_num_buckets, agg_mode=a.loss_agg_mode, kl_type=a.kl_loss_type,
-                   chunk_rows=chunk_rows)
+                   num_buckets=d.grad_analysis_num_buckets, agg_mode=a.loss_agg_mode, use_kl_loss=a.use_kl_loss,
+                   kl_type=a.kl_loss_type, chunk_rows=chunk_rows)
 
 
 def should_run(step, every: int) -> jax.Array:
@@ -129,26 +90,27 @@ def _global_norm(tree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
-def _component_losses(logp, entropy, batch: GradBatch, mask, hyper: LossHyper, agg_mode: str, kl_type: str):
-    """The three signed loss terms f32[3] on the token mask `mask`."""
-    task, _ = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask, hyper.clip_low, hyper.clip_high,
-                                 hyper.clip_c, agg_mode)
+def _component_losses(logp, entropy, batch: UpdateBatch, mask, hyper: ActorHyper, agg_mode: str, use_kl_loss: bool,
+                      kl_type: str):
+    """The three signed loss terms f32[3] on the token mask `mask` (the KL term is 0 without a KL loss)."""
+    task, _ = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask, hyper.clip_ratio_low,
+                                 hyper.clip_ratio_high, hyper.clip_ratio_c, agg_mode)
     ent = -hyper.entropy_coeff * losses.agg_loss(entropy, mask, agg_mode)
-    if batch.ref_logp is None:
-        kl = jnp.zeros((), jnp.float32)
+    if use_kl_loss:
+        kl = hyper.kl_loss_coef * losses.agg_loss(losses.kl_penalty(logp, batch.ref_logp, kl_type), mask, agg_mode)
     else:
-        kl = hyper.kl_coef * losses.agg_loss(losses.kl_penalty(logp, batch.ref_logp, kl_type), mask, agg_mode)
+        kl = jnp.zeros((), jnp.float32)
     return jnp.stack([task, ent, kl])
 
 
-def _chunk_outputs(logits_fn: LogitsFn, params, batch: GradBatch, rows: jax.Array, temperature):
+def _chunk_outputs(logits_fn: LogitsFn, params, batch: UpdateBatch, rows: jax.Array, temperature):
     """(logp, entropy) f32[m, L-1] of the batch rows `rows` int32[m]."""
     tokens = batch.tokens[rows]
     logits = logits_fn(params, tokens, batch.positions[rows], batch.attention_mask[rows])[:, :-1]
     return losses.logprobs_and_entropy(logits, tokens[:, 1:], temperature)
 
 
-def _all_outputs(logits_fn, params, batch: GradBatch, temperature, chunk_rows: int):
+def _all_outputs(logits_fn, params, batch: UpdateBatch, temperature, chunk_rows: int):
     """(logp, entropy) f32[B, L-1] for the whole batch, `chunk_rows` rows at a time."""
     num_rows, width = batch.tokens.shape[0], batch.tokens.shape[1] - 1
     chunks = jnp.arange(num_rows, dtype=jnp.int32).reshape(-1, chunk_rows)
@@ -156,8 +118,8 @@ def _all_outputs(logits_fn, params, batch: GradBatch, temperature, chunk_rows: i
     return logp.reshape(num_rows, width), entropy.reshape(num_rows, width)
 
 
-def _bucket_gradients(logits_fn, params, batch: GradBatch, outputs, rows, hyper: LossHyper, agg_mode: str,
-                      kl_type: str, chunk_rows: int):
+def _bucket_gradients(logits_fn, params, batch: UpdateBatch, outputs, rows, hyper: ActorHyper, agg_mode: str,
+                      use_kl_loss: bool, kl_type: str, chunk_rows: int):
     """(terms f32[3], [g_task, g_entropy, g_kl], loss tokens) on the rows weighted by `rows` f32[B].
 
     The loss terms and their cotangents w.r.t. (logp, entropy) come from the whole-batch outputs (cheap);
@@ -167,7 +129,8 @@ def _bucket_gradients(logits_fn, params, batch: GradBatch, outputs, rows, hyper:
     logp, entropy = outputs
     mask = batch.loss_mask.astype(jnp.float32) * rows[:, None]
     terms, per_term = jax.vjp(
-        lambda lp, ent: _component_losses(lp, ent, batch, mask, hyper, agg_mode, kl_type), logp, entropy)
+        lambda lp, ent: _component_losses(lp, ent, batch, mask, hyper, agg_mode, use_kl_loss, kl_type), logp,
+        entropy)
     cotangents = jax.vmap(per_term)(jnp.eye(3, dtype=jnp.float32))  # ([3, B, L-1], [3, B, L-1])
     num_rows = rows.shape[0]
     order = jnp.argsort(rows == 0, stable=True).astype(jnp.int32)  # the bucket's rows first
@@ -189,7 +152,7 @@ def _bucket_gradients(logits_fn, params, batch: GradBatch, outputs, rows, hyper:
     return terms, grads, jnp.sum(mask)
 
 
-def _check_chunk(batch: GradBatch, chunk_rows: int) -> int:
+def _check_chunk(batch: UpdateBatch, chunk_rows: int) -> int:
     num_rows = batch.tokens.shape[0]
     chunk_rows = min(chunk_rows, num_rows)
     if chunk_rows < 1 or num_rows % chunk_rows:
@@ -197,34 +160,38 @@ def _check_chunk(batch: GradBatch, chunk_rows: int) -> int:
     return chunk_rows
 
 
-def gradient_analysis(logits_fn: LogitsFn, params, batch: GradBatch, hyper: LossHyper, *, agg_mode: str,
+def gradient_analysis(logits_fn: LogitsFn, params, batch: UpdateBatch, hyper: ActorHyper, row_valid: jax.Array,
+                      group_ids: jax.Array, group_rv: jax.Array, *, agg_mode: str, use_kl_loss: bool,
                       kl_type: str = "kl", bucket_mode: str = "quantile", num_buckets: int = 6,
                       chunk_rows: int = 16, prefix: str = "grad_norm") -> dict:
     """Per-bucket, per-component gradient norms and RV statistics (see module docstring). Jittable.
 
-    chunk_rows: rows per forward/backward chunk (memory grows with it); must divide the batch.
+    batch: the actor's `UpdateBatch` (B rows of length L; only the actor fields are read, `ref_logp` only with
+    `use_kl_loss`); hyper: the actor's traced `ActorHyper` (`lr` unused). Its extras: row_valid bool[B] rows in the
+    analysed (filtered) batch; group_ids int32[B] in [0, G); group_rv f32[G] each group's reward std
+    (`filtering.group_stats`). chunk_rows: rows per forward/backward chunk (memory grows with it); must divide B.
     Returns a dict of f32 scalars keyed `{prefix}/{bucket}/...` for bucket in `all`, `bucket_1..n`.
     """
     chunk_rows = _check_chunk(batch, chunk_rows)
-    num_groups = batch.group_rv.shape[0]
-    row_valid = batch.row_valid.astype(bool)
-    group_valid = jnp.zeros((num_groups,), bool).at[batch.group_ids].max(row_valid)
-    group_bucket = assign_buckets(batch.group_rv, group_valid, bucket_mode, num_buckets)
+    num_groups = group_rv.shape[0]
+    row_valid = row_valid.astype(bool)
+    group_valid = jnp.zeros((num_groups,), bool).at[group_ids].max(row_valid)
+    group_bucket = assign_buckets(group_rv, group_valid, bucket_mode, num_buckets)
     names = ("all",) + tuple(f"bucket_{b + 1}" for b in range(num_buckets))
     group_in = jnp.stack([group_valid] + [group_bucket == b for b in range(num_buckets)])  # [K, G]
-    in_bucket = group_in[:, batch.group_ids] & row_valid[None, :]  # [K, B]
+    in_bucket = group_in[:, group_ids] & row_valid[None, :]  # [K, B]
     outputs = _all_outputs(logits_fn, params, batch, hyper.temperature, chunk_rows)
 
     def per_bucket(rows):
-        terms, grads, tokens = _bucket_gradients(logits_fn, params, batch, outputs, rows, hyper, agg_mode, kl_type,
-                                                 chunk_rows)
+        terms, grads, tokens = _bucket_gradients(logits_fn, params, batch, outputs, rows, hyper, agg_mode,
+                                                 use_kl_loss, kl_type, chunk_rows)
         reg = jax.tree.map(jnp.add, grads[1], grads[2])
         norms = jnp.stack([_global_norm(g) for g in (*grads, jax.tree.map(jnp.add, grads[0], reg), reg)])
         return terms, norms, jnp.sum(rows), tokens
 
     terms, norms, rows, tokens = jax.lax.map(per_bucket, in_bucket.astype(jnp.float32))  # norms: task ent kl total reg
 
-    rv = batch.group_rv.astype(jnp.float32)[None, :]
+    rv = group_rv.astype(jnp.float32)[None, :]
     group_count = jnp.sum(group_in, axis=1).astype(jnp.float32)
     nan = jnp.float32(jnp.nan)
     total_rows = jnp.maximum(rows[0], 1.0)

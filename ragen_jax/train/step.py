@@ -11,7 +11,8 @@
     state, metrics = step(state, key, hyper)           # metrics: dict of f32 scalars
 
 Everything that people sweep is in `Hyper` (traced: a new value never recompiles, and `vmap` over it works);
-structure (algorithm, filter strategy, geometry, model) comes from the config and is static.
+structure (algorithm, filter strategy, geometry, model) is `StepOptions`, read once from the config and static.
+Each stage returns its metrics; the step merges them in stage order.
 
 Differences from RAGEN's trainer: old log-probs are computed for the whole batch before filtering (the filter's
 entropy metrics need them); RAGEN's `adjust_batch` duplicates or deletes kept rows to fill minibatches, here the
@@ -80,6 +81,58 @@ class TrainState:
     collapse: dict
 
 
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+    """The static structure of a step, read once from the config (`from_config`): traced code reads these, never
+    the config, and a new value recompiles. Fields without a comment are the config keys of the same name
+    (`filter_*`: `filter.*`; the algorithm switches: `algo.*`)."""
+
+    num_groups: int  # the training rollout's geometry
+    group_size: int
+    metric_prefix: str  # the env's name: the rollout metrics' tag
+    use_critic: bool  # GAE advantages: a critic is trained
+    use_ref: bool  # a KL loss or KL reward: a reference policy is kept
+    critic_warmup: int  # steps that train only the critic
+    warmup_steps: int  # optim.warmup_steps of linear learning-rate warm-up
+    reward_normalization: str  # rollout.reward_normalization
+    filter_metric: str
+    filter_strategy: str
+    filter_type: str
+    filter_include_zero: bool
+    filter_top_p_mode: str
+    loss_scaling: str  # filter.loss_scaling
+    use_kl_in_reward: bool
+    kl_penalty: str
+    bi_level_gae: bool
+    grpo_length_weight: bool
+    norm_adv_by_std: bool
+    soft_advantage_reweight: bool
+    zero_task_advantage: bool
+    std_eps: float  # diagnostics.std_eps and ema_decay of the collapse metrics
+    ema_decay: float
+    update_config: update.UpdateConfig
+    collapse: sampling.CollapseOptions
+    grad_analysis: gradients.GradAnalysisOptions
+
+    @classmethod
+    def from_config(cls, config) -> "StepOptions":
+        r, a, f, d = config.rollout, config.algo, config.filter, config.diagnostics
+        return cls(
+            num_groups=r.num_groups, group_size=r.group_size, metric_prefix=config.env.name,
+            use_critic=presets.uses_critic(config), use_ref=presets.uses_reference(config),
+            critic_warmup=a.critic_warmup, warmup_steps=config.optim.warmup_steps,
+            reward_normalization=r.reward_normalization, filter_metric=f.metric, filter_strategy=f.strategy,
+            filter_type=f.type, filter_include_zero=f.include_zero, filter_top_p_mode=f.top_p_mode,
+            loss_scaling=f.loss_scaling, use_kl_in_reward=a.use_kl_in_reward, kl_penalty=a.kl_penalty,
+            bi_level_gae=a.bi_level_gae, grpo_length_weight=a.grpo_length_weight, norm_adv_by_std=a.norm_adv_by_std,
+            soft_advantage_reweight=a.soft_advantage_reweight, zero_task_advantage=a.zero_task_advantage,
+            std_eps=d.std_eps, ema_decay=d.ema_decay, update_config=update.UpdateConfig.from_config(config),
+            collapse=dataclasses.replace(sampling.CollapseOptions.from_config(config),
+                                         max_prompt_len=r.max_model_len - 1),
+            grad_analysis=gradients.GradAnalysisOptions.from_config(
+                config, chunk_rows=math.gcd(16, r.num_groups * r.group_size)))
+
+
 class TrainStep:
     """The static structure of a step, built once from the config; calling it runs one step (jit it).
 
@@ -91,8 +144,7 @@ class TrainStep:
 
     def __init__(self, config, env, tokenizer, model_config, chat_format):
         r, d = config.rollout, config.diagnostics
-        self.config, self.model_config = config, model_config
-        self.num_groups, self.group_size = r.num_groups, r.group_size
+        self.model_config = model_config
 
         def rollout(num_groups: int, group_size: int) -> Rollout:
             return Rollout(env, tokenizer, chat_format, model_config, num_groups=num_groups, group_size=group_size,
@@ -100,10 +152,7 @@ class TrainStep:
                            top_k=r.top_k, format_penalty=r.format_penalty)
 
         self.rollout = rollout(r.num_groups, r.group_size)
-        self.update_config = update.UpdateConfig.from_config(config)
-        self.use_critic, self.use_ref = presets.uses_critic(config), presets.uses_reference(config)
-        self.collapse_options = dataclasses.replace(sampling.CollapseOptions.from_config(config),
-                                                    max_prompt_len=r.max_model_len - 1)
+        self.options = StepOptions.from_config(config)
         if d.collapse_every > 0 and model_config.max_seq_len < r.max_model_len - 1 + r.response_length:
             raise ValueError(f"model.max_seq_len = {model_config.max_seq_len} must be >= rollout.max_model_len - 1 + "
                              f"rollout.response_length = {r.max_model_len - 1 + r.response_length}: the collapse "
@@ -111,139 +160,153 @@ class TrainStep:
         self.analysis_rollout = None
         if d.grad_analysis_every > 0 and d.grad_analysis_num_groups > 0:
             self.analysis_rollout = rollout(d.grad_analysis_num_groups, d.grad_analysis_group_size or r.group_size)
-        self.grad_options = gradients.GradAnalysisOptions.from_config(
-            config, chunk_rows=math.gcd(16, self.rollout.batch_size))
         self.logits_fn = functools.partial(transformer.apply, model_config)
         self.values_fn = functools.partial(transformer.values, model_config)
-        self.metric_prefix = config.env.name
 
     def init(self, key: jax.Array, actor_params) -> TrainState:
         """The state before step 1: the critic copies the actor's backbone, the reference is the initial actor.
         Every leaf is a fresh buffer (optimizer states share zero arrays otherwise), so the step can donate it."""
-        critic = transformer.init_value_params(self.model_config, key, actor_params) if self.use_critic else None
+        o = self.options
+        critic = transformer.init_value_params(self.model_config, key, actor_params) if o.use_critic else None
         state = TrainState(
-            step=jnp.int32(0), actor=actor_params, actor_opt=update.optimizer_init(actor_params, self.update_config),
-            critic=critic, critic_opt=update.optimizer_init(critic, self.update_config) if self.use_critic else None,
-            ref=actor_params if self.use_ref else None, collapse=sampling.init_state())
+            step=jnp.int32(0), actor=actor_params, actor_opt=update.optimizer_init(actor_params, o.update_config),
+            critic=critic, critic_opt=update.optimizer_init(critic, o.update_config) if o.use_critic else None,
+            ref=actor_params if o.use_ref else None, collapse=sampling.init_state())
         return jax.tree.map(jnp.array, state)  # one buffer per leaf: the jitted step donates the state
 
-    def _filter_values(self, scores, old_entropy, loss_mask) -> jax.Array:
-        """f32[B] per-trajectory quantity of `filter.metric`."""
-        metric = self.config.filter.metric
-        tokens = loss_mask.sum(axis=1)
-        if metric.startswith("entropy"):
-            return (old_entropy * loss_mask).sum(axis=1) / jnp.maximum(tokens, 1.0)
-        return tokens if metric == "length" else scores
-
     def __call__(self, state: TrainState, key: jax.Array, hyper: Hyper) -> tuple[TrainState, dict]:
-        c, a = self.config, self.config.algo
+        o = self.options
         step = state.step + 1  # 1-based, as RAGEN's global_steps
         hyper = self._warmed_up(hyper, step)
         temperature = hyper.actor.temperature
         rollout_key, diag_key = jax.random.split(jax.random.fold_in(key, step))
         traj = sharding.shard_batch(self.rollout(state.actor, rollout_key, hyper.env, temperature, hyper.top_p))
-        metrics = rollout_metrics(traj, self.group_size, self.metric_prefix)
+        traj_metrics = rollout_metrics(traj, o.group_size, o.metric_prefix)
 
         score_fn = functools.partial(cross_logprobs.cross_log_probs, self.model_config, state.actor,
                                      temperature=temperature)
         collapse_metrics, collapse_state = sampling.collapse_diagnostics_every(
-            step, score_fn, batch_lib.reasoning_spans(traj), diag_key, state.collapse, self.collapse_options,
-            c.diagnostics.std_eps, c.diagnostics.ema_decay)
-        metrics.update(collapse_metrics)
+            step, score_fn, batch_lib.reasoning_spans(traj), diag_key, state.collapse, o.collapse, o.std_eps,
+            o.ema_decay)
 
-        rows, kept, scores = self._prepare(state, traj, hyper, self.num_groups, self.group_size, True, metrics)
-        metrics.update(self._gradient_analysis(step, state, diag_key, rows, kept, scores, traj.group_ids, hyper))
-        critic, critic_opt = state.critic, state.critic_opt
-        if self.use_critic:
+        rows, kept, scores, prepare_metrics = self._prepare_filtered(state, traj, hyper)
+        analysis_metrics = self._gradient_analysis(step, state, diag_key, rows, kept, scores, traj.group_ids, hyper)
+        critic, critic_opt, critic_metrics = state.critic, state.critic_opt, {}
+        if o.use_critic:
             critic, critic_opt, critic_metrics = update.critic_update(
-                self.values_fn, critic, critic_opt, rows, kept.kept_rows, hyper.critic, self.update_config)
-            metrics.update(critic_metrics)
+                self.values_fn, critic, critic_opt, rows, kept.kept_rows, hyper.critic, o.update_config)
 
         def train_actor(_):
             return update.actor_update(self.logits_fn, state.actor, state.actor_opt, rows, kept.kept_rows, hyper.actor,
-                                       self.update_config)
+                                       o.update_config)
 
         def warm_up(_):  # critic warm-up steps leave the actor unchanged (metrics zero)
             return state.actor, state.actor_opt, filled_like(lambda operand: train_actor(operand)[2], 0, None)
 
-        actor, actor_opt, actor_metrics = jax.lax.cond(step > a.critic_warmup, train_actor, warm_up, None)
-        metrics.update(actor_metrics)
-        metrics["train/step"] = step.astype(jnp.float32)
+        actor, actor_opt, actor_metrics = jax.lax.cond(step > o.critic_warmup, train_actor, warm_up, None)
+        metrics = {**traj_metrics, **collapse_metrics, **prepare_metrics, **analysis_metrics, **critic_metrics,
+                   **actor_metrics, "train/step": step.astype(jnp.float32)}
         new_state = TrainState(step=step, actor=actor, actor_opt=actor_opt, critic=critic, critic_opt=critic_opt,
                                ref=state.ref, collapse=collapse_state)
         return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
-    def _prepare(self, state: TrainState, traj: Trajectory, hyper: Hyper, num_groups: int, group_size: int,
-                 filtered: bool, metrics: dict):
-        """Scores, filter (or keep everything), log-probs, values, token rewards and advantages of a rollout batch,
-        compacted: (UpdateBatch rows with the kept rows first, FilterResult, normalised episode scores f32[B])."""
-        c, a, f = self.config, self.config.algo, self.config.filter
+    def _prepare_filtered(self, state: TrainState, traj: Trajectory, hyper: Hyper):
+        """`_prepare` of the training batch under the config's group filter."""
+        o = self.options
+
+        def select(values):
+            return filtering.apply_filter(values, o.filter_metric, o.filter_strategy, hyper.filter_value, o.filter_type,
+                                          o.filter_include_zero, o.filter_top_p_mode, hyper.filter_eps)
+
+        return self._prepare(state, traj, hyper, o.num_groups, o.group_size, select)
+
+    def _prepare_unfiltered(self, state: TrainState, traj: Trajectory, hyper: Hyper, num_groups: int,
+                            group_size: int):
+        """`_prepare` of a `num_groups` x `group_size` batch that keeps every group (top-p 1 over all groups)."""
+        o = self.options
+
+        def select(values):
+            return filtering.apply_filter(values, o.filter_metric, "top_p", 1.0, o.filter_type, True,
+                                          o.filter_top_p_mode)
+
+        return self._prepare(state, traj, hyper, num_groups, group_size, select)
+
+    def _prepare(self, state: TrainState, traj: Trajectory, hyper: Hyper, num_groups: int, group_size: int, select):
+        """Scores, filter, log-probs, values, token rewards and advantages of a rollout batch, compacted.
+
+        select: f32[num_groups, group_size] per-trajectory filter quantities -> `filtering.FilterResult`.
+        Returns (UpdateBatch rows with the kept rows first, FilterResult, normalised episode scores f32[B], metrics).
+        """
+        o = self.options
         temperature = hyper.actor.temperature
         tokens, positions, attention, loss_mask = batch_lib.model_inputs(traj)
         old_logp, old_entropy = update.token_logprobs(self.logits_fn, state.actor, tokens, positions, attention,
-                                                      temperature, self.update_config.vocab_chunk)
-        metrics["actor/entropy"] = (old_entropy * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)
+                                                      temperature, o.update_config.vocab_chunk)
+        metrics = {"actor/entropy": (old_entropy * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)}
         scores = rewards_lib.normalize_group_rewards(
-            traj.episode_reward.reshape(num_groups, group_size), c.rollout.reward_normalization).reshape(-1)
-        values_for_filter = self._filter_values(scores, old_entropy, loss_mask).reshape(num_groups, group_size)
-        if filtered:
-            kept = filtering.apply_filter(values_for_filter, f.metric, f.strategy, hyper.filter_value, f.type,
-                                          f.include_zero, f.top_p_mode, hyper.filter_eps)
-        else:  # top-p 1 over all groups keeps every group
-            kept = filtering.apply_filter(values_for_filter, f.metric, "top_p", 1.0, f.type, True, f.top_p_mode)
+            traj.episode_reward.reshape(num_groups, group_size), o.reward_normalization).reshape(-1)
+        kept = select(self._filter_values(scores, old_entropy, loss_mask).reshape(num_groups, group_size))
         metrics.update(kept.metrics)
 
         zeros = jnp.zeros_like(old_logp)
         ref_logp = zeros
-        if self.use_ref:
+        if o.use_ref:
             ref_logp = update.token_logprobs(self.logits_fn, state.ref, tokens, positions, attention, temperature,
-                                             self.update_config.vocab_chunk)[0]
+                                             o.update_config.vocab_chunk)[0]
         values = zeros
-        if self.use_critic:
+        if o.use_critic:
             values = update.token_values(self.values_fn, state.critic, tokens, positions, attention)
         token_rewards = rewards_lib.last_token_rewards(scores, loss_mask)
-        if a.use_kl_in_reward:
+        if o.use_kl_in_reward:
             token_rewards, kl_metrics = adv_lib.kl_in_reward(token_rewards, old_logp, ref_logp, loss_mask,
-                                                             hyper.kl_coef, a.kl_penalty)
+                                                             hyper.kl_coef, o.kl_penalty)
             metrics.update(kl_metrics)
-        advantages, returns = self._advantages(token_rewards, values, loss_mask, kept, traj.group_ids, hyper,
-                                               num_groups, metrics)
-        metrics.update(self._advantage_metrics(advantages, returns, loss_mask * kept.row_mask[:, None]))
+        advantages, returns, advantage_metrics = self._advantages(token_rewards, values, loss_mask, kept,
+                                                                  traj.group_ids, hyper, num_groups)
+        metrics.update(advantage_metrics)
         rows = sharding.shard_batch(filtering.permute_rows(update.UpdateBatch(
             tokens=tokens, positions=positions, attention_mask=attention, loss_mask=loss_mask, old_logp=old_logp,
             advantages=advantages, ref_logp=ref_logp, returns=returns, old_values=values), kept.perm))
-        return rows, kept, scores
+        return rows, kept, scores, metrics
+
+    def _filter_values(self, scores, old_entropy, loss_mask) -> jax.Array:
+        """f32[B] per-trajectory quantity of `filter.metric`."""
+        metric = self.options.filter_metric
+        tokens = loss_mask.sum(axis=1)
+        if metric.startswith("entropy"):
+            return (old_entropy * loss_mask).sum(axis=1) / jnp.maximum(tokens, 1.0)
+        return tokens if metric == "length" else scores
 
     def _advantages(self, token_rewards, values, loss_mask, kept: filtering.FilterResult, group_ids, hyper: Hyper,
-                    num_groups: int, metrics: dict):
-        """(advantages, returns) f32[B, T] over the kept rows (docs/rewards_and_objectives.md); adds metrics in
-        place."""
-        a, f = self.config.algo, self.config.filter
+                    num_groups: int):
+        """(advantages, returns) f32[B, T] over the kept rows (docs/rewards_and_objectives.md), and their metrics."""
+        o = self.options
         mask = loss_mask * kept.row_mask[:, None]
-        if self.use_critic:
-            gae_fn = adv_lib.bi_level_gae if a.bi_level_gae else adv_lib.gae
-            extra = (hyper.high_level_gamma,) if a.bi_level_gae else ()
+        reweight_metrics = {}
+        if o.use_critic:
+            gae_fn = adv_lib.bi_level_gae if o.bi_level_gae else adv_lib.gae
+            extra = (hyper.high_level_gamma,) if o.bi_level_gae else ()
             advantages, returns = gae_fn(token_rewards, values, mask, hyper.gamma, hyper.lam, *extra)
         else:
-            lengths = loss_mask.sum(axis=1) if a.grpo_length_weight else None
+            lengths = loss_mask.sum(axis=1) if o.grpo_length_weight else None
             row_scores = token_rewards.sum(axis=1)
-            per_row = adv_lib.grpo(row_scores, group_ids, num_groups, a.norm_adv_by_std, lengths=lengths,
+            per_row = adv_lib.grpo(row_scores, group_ids, num_groups, o.norm_adv_by_std, lengths=lengths,
                                    row_mask=kept.row_mask)
             # GRPO only: it needs the per-group std (docs/filtering.md#loss-scaling-and-soft-reweighting)
-            if a.soft_advantage_reweight:
+            if o.soft_advantage_reweight:
                 group_std = filtering.group_stats(row_scores.reshape(num_groups, -1))["std"]
                 weights, reweight_metrics = filtering.soft_advantage_weights(group_std, kept.group_mask)
                 per_row = per_row * weights[group_ids]
-                metrics.update(reweight_metrics)
             advantages = returns = per_row[:, None] * mask
-        advantages = filtering.filter_loss_scaling(advantages, kept.kept_ratio, f.loss_scaling)
-        if a.zero_task_advantage:
+        advantages = filtering.filter_loss_scaling(advantages, kept.kept_ratio, o.loss_scaling)
+        if o.zero_task_advantage:
             advantages = jnp.zeros_like(advantages)
-        return advantages * mask, returns
+        advantages = advantages * mask
+        return advantages, returns, {**reweight_metrics, **_advantage_metrics(advantages, returns, mask)}
 
     def _warmed_up(self, hyper: Hyper, step) -> Hyper:
         """Linear learning-rate warm-up over `optim.warmup_steps` steps (lr * min(1, step / warmup))."""
-        warmup = self.config.optim.warmup_steps
+        warmup = self.options.warmup_steps
         if warmup <= 0:
             return hyper
         scale = jnp.minimum(1.0, step.astype(jnp.float32) / warmup)
@@ -256,34 +319,23 @@ class TrainStep:
         `diagnostics.grad_analysis_every` steps (NaN on other steps; nothing when 0): on the kept rows of the training
         batch, or, with `diagnostics.grad_analysis_num_groups` > 0, on a separate unfiltered rollout of that many groups
         (rolled out only on analysis steps). Parameters are untouched."""
-        options = self.grad_options
+        o, options = self.options, self.options.grad_analysis
         if options.every <= 0:
             return {}
-        a = self.config.algo
-        actor_hyper = hyper.actor
-        loss_hyper = gradients.LossHyper(
-            clip_low=actor_hyper.clip_ratio_low, clip_high=actor_hyper.clip_ratio_high, clip_c=actor_hyper.clip_ratio_c,
-            entropy_coeff=actor_hyper.entropy_coeff,
-            kl_coef=actor_hyper.kl_loss_coef if a.use_kl_loss else jnp.float32(0.0),
-            temperature=actor_hyper.temperature)
 
         def analyse(rows, kept, scores, group_ids, num_groups, group_size, chunk_rows):
-            batch = gradients.GradBatch(
-                tokens=rows.tokens, positions=rows.positions, attention_mask=rows.attention_mask,
-                loss_mask=rows.loss_mask, old_logp=rows.old_logp, advantages=rows.advantages,
-                ref_logp=rows.ref_logp if a.use_kl_loss else None,
-                row_valid=jnp.arange(rows.tokens.shape[0]) < kept.kept_rows, group_ids=group_ids[kept.perm],
-                group_rv=filtering.group_stats(scores.reshape(num_groups, group_size))["std"])
             return gradients.gradient_analysis(
-                self.logits_fn, state.actor, batch, loss_hyper, agg_mode=options.agg_mode, kl_type=options.kl_type,
+                self.logits_fn, state.actor, rows, hyper.actor, jnp.arange(rows.tokens.shape[0]) < kept.kept_rows,
+                group_ids[kept.perm], filtering.group_stats(scores.reshape(num_groups, group_size))["std"],
+                agg_mode=options.agg_mode, use_kl_loss=options.use_kl_loss, kl_type=options.kl_type,
                 bucket_mode=options.bucket_mode, num_buckets=options.num_buckets, chunk_rows=chunk_rows)
 
         def run(_):
             if self.analysis_rollout is None:
-                return analyse(rows, kept, scores, group_ids, self.num_groups, self.group_size, options.chunk_rows)
+                return analyse(rows, kept, scores, group_ids, o.num_groups, o.group_size, options.chunk_rows)
             ro = self.analysis_rollout
-            traj = ro(state.actor, jax.random.fold_in(key, 1), hyper.env, actor_hyper.temperature, hyper.top_p)
-            rows_a, kept_a, scores_a = self._prepare(state, traj, hyper, ro.num_groups, ro.group_size, False, {})
+            traj = ro(state.actor, jax.random.fold_in(key, 1), hyper.env, hyper.actor.temperature, hyper.top_p)
+            rows_a, kept_a, scores_a, _ = self._prepare_unfiltered(state, traj, hyper, ro.num_groups, ro.group_size)
             return analyse(rows_a, kept_a, scores_a, traj.group_ids, ro.num_groups, ro.group_size,
                            math.gcd(16, ro.batch_size))
 
@@ -292,8 +344,9 @@ class TrainStep:
 
         return jax.lax.cond(gradients.should_run(step, options.every), run, skip, None)
 
-    @staticmethod
-    def _advantage_metrics(advantages, returns, mask) -> dict[str, jax.Array]:
-        count = jnp.maximum(mask.sum(), 1.0)
-        return {"critic/advantages/mean": (advantages * mask).sum() / count,
-                "critic/returns/mean": (returns * mask).sum() / count}
+
+def _advantage_metrics(advantages, returns, mask) -> dict[str, jax.Array]:
+    """Masked means of the advantages and returns f32[B, T] over `mask` f32[B, T]."""
+    count = jnp.maximum(mask.sum(), 1.0)
+    return {"critic/advantages/mean": (advantages * mask).sum() / count,
+            "critic/returns/mean": (returns * mask).sum() / count}

@@ -11,13 +11,15 @@ import pytest
 from ragen_jax.algos import losses
 from ragen_jax.diagnostics import gradients
 from ragen_jax.models import ModelConfig, init_params, transformer
+from ragen_jax.train.update import ActorHyper, UpdateBatch
 
 CONFIG = ModelConfig(vocab_size=31, d_model=16, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8, mlp_dim=32,
                      max_seq_len=32)
 GROUPS, GROUP_SIZE, LENGTH = 6, 3, 10
 AGG, KL = "token-mean", "low_var_kl"
-HYPER = gradients.LossHyper(clip_low=jnp.float32(0.2), clip_high=jnp.float32(0.28), clip_c=jnp.float32(3.0),
-                            entropy_coeff=jnp.float32(0.01), kl_coef=jnp.float32(0.05), temperature=jnp.float32(0.8))
+HYPER = ActorHyper(lr=jnp.float32(0.0), clip_ratio_low=jnp.float32(0.2), clip_ratio_high=jnp.float32(0.28),
+                   clip_ratio_c=jnp.float32(3.0), entropy_coeff=jnp.float32(0.01), kl_loss_coef=jnp.float32(0.05),
+                   temperature=jnp.float32(0.8))
 
 
 def _logits_fn(params, tokens, positions, mask):
@@ -87,15 +89,17 @@ def setup():
     row_valid[-GROUP_SIZE:] = False  # a filtered-out group
     tokens = jnp.asarray(np.where(attention, rng.integers(0, CONFIG.vocab_size, (batch_size, LENGTH)), 0), jnp.int32)
     zeros = jnp.zeros((batch_size, LENGTH - 1), jnp.float32)
-    batch = gradients.GradBatch(
+    batch = UpdateBatch(
         tokens=tokens, positions=jnp.broadcast_to(jnp.arange(LENGTH, dtype=jnp.int32), tokens.shape),
         attention_mask=jnp.asarray(attention), loss_mask=jnp.asarray(loss_mask), old_logp=zeros,
         advantages=jnp.asarray(np.broadcast_to(adv[:, None], zeros.shape), jnp.float32), ref_logp=zeros,
-        row_valid=jnp.asarray(row_valid), group_ids=jnp.asarray(np.repeat(np.arange(GROUPS), GROUP_SIZE), jnp.int32),
-        group_rv=jnp.asarray(group_rv, jnp.float32))
-    (_, logp), _ = _total_value_and_grad(params, batch, batch.row_valid.astype(jnp.float32), jnp.ones(3))
+        returns=zeros, old_values=zeros)
+    extras = dict(row_valid=jnp.asarray(row_valid),
+                  group_ids=jnp.asarray(np.repeat(np.arange(GROUPS), GROUP_SIZE), jnp.int32),
+                  group_rv=jnp.asarray(group_rv, jnp.float32))
+    (_, logp), _ = _total_value_and_grad(params, batch, extras["row_valid"].astype(jnp.float32), jnp.ones(3))
     noise = lambda scale: scale * jnp.asarray(rng.normal(size=logp.shape), jnp.float32)  # noqa: E731
-    return params, batch.replace(old_logp=logp + noise(0.05), ref_logp=logp + noise(0.3))
+    return params, batch._replace(old_logp=logp + noise(0.05), ref_logp=logp + noise(0.3)), extras
 
 
 def _total_loss(params, batch, rows, weights):
@@ -108,17 +112,17 @@ def _total_loss(params, batch, rows, weights):
     logp = jnp.take_along_axis(logsm, batch.tokens[:, 1:, None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(logsm) * logsm, axis=-1)
     mask = batch.loss_mask * rows[:, None]
-    task, _ = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask, HYPER.clip_low, HYPER.clip_high,
-                                 HYPER.clip_c, AGG)
+    task, _ = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask, HYPER.clip_ratio_low,
+                                 HYPER.clip_ratio_high, HYPER.clip_ratio_c, AGG)
     ent = -HYPER.entropy_coeff * losses.agg_loss(entropy, mask, AGG)
-    kl = HYPER.kl_coef * losses.agg_loss(losses.kl_penalty(logp, batch.ref_logp, KL), mask, AGG)
+    kl = HYPER.kl_loss_coef * losses.agg_loss(losses.kl_penalty(logp, batch.ref_logp, KL), mask, AGG)
     return weights @ jnp.stack([task, ent, kl]), logp
 
 
 _total_value_and_grad = jax.jit(jax.value_and_grad(_total_loss, has_aux=True))
 # 2-row chunks: buckets of 3 rows span two chunks, the second one partly padded
-_analysis = jax.jit(functools.partial(gradients.gradient_analysis, _logits_fn, agg_mode=AGG, kl_type=KL,
-                                      chunk_rows=2))
+_analysis = jax.jit(functools.partial(gradients.gradient_analysis, _logits_fn, agg_mode=AGG, use_kl_loss=True,
+                                      kl_type=KL, chunk_rows=2))
 
 
 def _norm(tree):
@@ -127,9 +131,9 @@ def _norm(tree):
 
 def test_bucket_metrics(setup):
     """Every bucket's component norms, their sum's norm, losses and RV statistics against direct gradients."""
-    params, batch = setup
-    out = {k: float(v) for k, v in _analysis(params, batch, HYPER).items()}
-    rv = np.asarray(batch.group_rv)
+    params, batch, extras = setup
+    out = {k: float(v) for k, v in _analysis(params, batch, HYPER, **extras).items()}
+    rv = np.asarray(extras["group_rv"])
     valid = np.arange(GROUPS) < GROUPS - 1  # the last group is filtered out
     bucket = _reference_quantile(rv, valid, 6)
     group_of_row = np.repeat(np.arange(GROUPS), GROUP_SIZE)
@@ -166,6 +170,7 @@ def test_bucket_metrics(setup):
     assert out[f"{lowest}/reward_std_max"] == 0.0 and out[f"{lowest}/task"] < 1e-7
     assert out[f"{lowest}/entropy"] > 0 and out[f"{lowest}/kl"] > 0
     assert out["grad_norm/all/task"] > 0
-    _, reg_grad = _total_value_and_grad(params, batch, batch.row_valid.astype(jnp.float32), jnp.array([0.0, 1, 1]))
+    _, reg_grad = _total_value_and_grad(params, batch, extras["row_valid"].astype(jnp.float32),
+                                        jnp.array([0.0, 1, 1]))
     assert out["grad_norm/all/reg"] == pytest.approx(_norm(reg_grad), rel=1e-4)
     assert out["grad_norm/all/snr"] == pytest.approx(out["grad_norm/all/task"] / out["grad_norm/all/reg"], rel=1e-5)
