@@ -34,6 +34,8 @@ from environments.pieces import PieceTable
 ACTIONS = ("Left", "Down", "Right", "Up")
 MOVES = np.array([(0, -1), (1, 0), (0, 1), (-1, 0)], np.int32)  # (d_row, d_col) per action
 SYMBOLS = {"player": "P", "frozen": "_", "hole": "O", "goal": "G", "player_in_hole": "X", "player_on_goal": "√"}
+ROW_WORDS = {-1: "up", 0: "same", 1: "down"}  # the description's word for the goal's side of the player
+COL_WORDS = {-1: "left", 0: "same", 1: "right"}
 PLAYER_LABELS = ("\nPlayer: ", "\nPlayer on goal: ", "\nPlayer in hole: ")
 INSTRUCTION = (
     "You are walking on a frozen lake. Reach the goal without falling into a hole. The observation gives "
@@ -233,11 +235,12 @@ class FrozenLake(TextEnv):
         (pr, pc), (gr, gc) = divmod(int(s.pos), self.size), divmod(int(s.goal), self.size)
         n_holes = int(np.asarray(s.holes).sum())
         # the observation's own labels: copying "Player: (r, c)" is plain induction for a small model; the closing
-        # "rows a to b, cols c to d." sets the numbers to compare side by side just before the answer, which a
-        # from-scratch d64 x 2 model needs to learn the move at all (README "Learning at tiny scale")
+        # "rows a to b: down, cols c to d: same." compares each axis from two adjacent numbers, which a from-scratch
+        # d64 x 2 model learns, where one move from four far-apart numbers it barely does (README "Learning at tiny
+        # scale"); the answer stays the model's own choice
         templates = (f"Player: ({pr}, {pc}). Goal: ({gr}, {gc})",
                      f"Goal: ({gr}, {gc}). Player: ({pr}, {pc}). Holes: {n_holes}")
-        return f"{templates[int(rng.integers(len(templates)))]}; rows {pr} to {gr}, cols {pc} to {gc}."
-
+        return (f"{templates[int(rng.integers(len(templates)))]}; rows {pr} to {gr}: {ROW_WORDS[np.sign(gr - pr)]}, "
+                f"cols {pc} to {gc}: {COL_WORDS[np.sign(gc - pc)]}.")
 
 registry.register("frozen_lake", FrozenLake)
