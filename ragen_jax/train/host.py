@@ -1,12 +1,12 @@
 """What a single run (`train.loop`) and a sweep (`train.sweep`) share on the host: their files, the resume-or-start
-decision, the console progress and the timed, ahead-of-time compiled programs, closed whatever ends the run.
+decision and the console progress (closed whatever ends the run), and the timed, ahead-of-time compiled programs.
 
     with RunFiles(config, [config.logging.dir]) as files:        # one metrics folder per run or sweep member
         state, extra = files.restore_or_start(abstract_state, fresh_state, log)   # extra is None on a fresh start
         progress = files.progress(initial=int(state.step), desc="train", log=log)
         step = Timed(jax.jit(...), "step")
         (state, metrics), timing = step(state, key, hyper)       # timing: {"timing_s/step": s, ...}
-        progress.update(metrics | timing, summary_line(...))      # the bar's postfix, or the line
+        progress.update({**metrics, **timing}, summary_line(...), validated)   # the bar's postfix, or the line
         ...                                                       # files.checkpointer.save, files.writers[i].write
 
 On leaving the block, normally or by an exception (a failing step, Ctrl-C), the bar, the metrics files and the

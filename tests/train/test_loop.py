@@ -140,7 +140,8 @@ def test_two_processes_repeat_the_one_process_run(empty_filter_run, tmp_path):
     _, _, expected, _ = empty_filter_run
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_worker.py")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update({distributed.COORDINATOR: f"127.0.0.1:{_free_port()}", distributed.NUM_PROCESSES: "2"})
+    env.update({distributed.COORDINATOR: f"127.0.0.1:{_free_port()}", distributed.NUM_PROCESSES: "2",
+                "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla")})  # kept by logging.compilation_cache "auto"
     procs = [subprocess.Popen([sys.executable, worker, str(tmp_path), json.dumps(EMPTY_FILTER)],
                               env={**env, distributed.PROCESS_ID: str(i)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(2)]

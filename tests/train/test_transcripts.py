@@ -25,13 +25,15 @@ def test_a_transcript_decodes_to_the_text_of_its_messages(scripted):
     assert [r["index"] for r in rows] == [0, 1, 2] and [r["group"] for r in rows] == [b // GROUP_SIZE for b in range(3)]
     for b, row in enumerate(rows):
         assert row["chat"] == tokenizer.decode(traj.tokens[b, :traj.length[b]])
-        assert row["success"] == bool(traj.success[b]) and row["episode_reward"] == pytest.approx(traj.episode_reward[b])
+        assert row["success"] == bool(traj.success[b])
+        assert row["episode_reward"] == pytest.approx(traj.episode_reward[b])
         taken = int(traj.turn_taken[b].sum())
         assert [t["turn"] for t in row["turns"]] == list(range(1, taken + 1)) and taken >= 1
         position = 0
         for t, turn in enumerate(row["turns"]):
             assert turn["reasoning"] == REASONING and turn["answer"] == "Down" and turn["actions"] == ["Down"]
-            assert turn["response"] == REASONING + "</think><answer>Down</answer>" + tokenizer.decode([tokenizer.eos_id])
+            stop = tokenizer.decode([tokenizer.eos_id])
+            assert turn["response"] == REASONING + "</think><answer>Down</answer>" + stop
             assert turn["reward"] == pytest.approx(traj.turn_reward[b, t]) and turn["format_ok"]
             # the turns' responses appear in the chat text in order, each after the "<think>" prefill
             position = row["chat"].index("<think>" + turn["response"], position) + 1
