@@ -100,7 +100,7 @@ class Demonstrator:
             rec["num_actions"][:, t] = np.where(active, info["num_actions"], 0)
             obs = _select(active, obs2, obs)
             state = _select(active, state2, state)
-            last = tokens[np.arange(B), np.maximum(start + gen_len - 1, 0)]
+            last = tokens[np.arange(B), np.clip(start + gen_len - 1, 0, L - 1)]  # inactive rows: any index
             reward = np.where(active, r, reward)
             stopped = np.where(active, (gen_len > 0) & (last == tokenizer.eos_id), stopped)
             warn = np.where(active, ~np.asarray(info["action_is_valid"]), warn)

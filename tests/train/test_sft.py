@@ -17,15 +17,18 @@ from tests.rollout.helpers import tiny_setup
 from tests.rollout.test_rollout import check_against_replay
 
 
+MAX_LEN_TWO_TURNS = 800  # at key 1: room for every row's second turn, for no row's third
+
+
 @pytest.fixture(scope="module")
 def setup():
     return tiny_setup(vocab_size=511)
 
 
-def make_rollout(setup, num_groups: int, group_size: int, max_turn: int = 3) -> Rollout:
+def make_rollout(setup, num_groups: int, group_size: int, max_turn: int = 3, max_len: int = 1536) -> Rollout:
     tokenizer, env, _, config = setup
     return Rollout(env, tokenizer, chat.plain(), config, num_groups=num_groups, group_size=group_size,
-                   max_turn=max_turn, response_length=64, max_len=1536)
+                   max_turn=max_turn, response_length=64, max_len=max_len)
 
 
 @pytest.mark.parametrize("oracle_prob", [1.0, 0.0])
@@ -39,6 +42,16 @@ def test_demonstrations_follow_the_rollout_layout_on_every_turn(setup, oracle_pr
     assert (traj.response_len[traj.turn_taken] < 64).all() and not traj.cut.any()
     if oracle_prob == 1.0:  # the oracle's shortest safe path never ends in a hole
         assert traj.success[traj.done].all()
+
+
+def test_rows_cut_at_the_buffer_limit_are_demonstrated_up_to_it(setup):
+    """A buffer that holds the first turns but not all three: the rows that do not fit stop and are marked cut, as
+    in the rollout (a cut row's next start lies past the buffer: indexing it failed before)."""
+    tokenizer, _, env_params, _ = setup
+    rollout = make_rollout(setup, 4, 2, max_len=MAX_LEN_TWO_TURNS)
+    traj = Demonstrator(rollout, tokenizer)(jax.random.key(1), env_params, np.random.default_rng(0), 0.0)
+    assert traj.cut.any() and traj.turn_taken[:, 0].all() and not traj.turn_taken[:, 2].any()
+    check_against_replay(setup, rollout, traj)
 
 
 def test_oracle_prob_sets_the_share_of_oracle_answers_and_batches_are_trimmed(setup):
