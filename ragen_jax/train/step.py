@@ -160,7 +160,7 @@ class TrainStep:
         self.analysis_rollout = None
         if d.grad_analysis_every > 0 and d.grad_analysis_num_groups > 0:
             self.analysis_rollout = rollout(d.grad_analysis_num_groups, d.grad_analysis_group_size or r.group_size)
-        self.logits_fn = functools.partial(transformer.apply, model_config)
+        self.logits_fn = transformer.CausalLM(model_config)  # scorers unembed a few positions at a time
         self.values_fn = functools.partial(transformer.values, model_config)
 
     def init(self, key: jax.Array, actor_params) -> TrainState:
