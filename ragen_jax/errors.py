@@ -8,7 +8,8 @@ before anything is written; every other exception is a bug and keeps its traceba
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import json
+from typing import Any, Iterator
 
 
 class UserInputError(ValueError):
@@ -32,3 +33,14 @@ def reraised(error_class: type[UserInputError], where: str, *kinds: type[BaseExc
     except kinds as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error  # KeyError quotes its text
         raise error_class(f"{where}: {one_line(str(message))}") from error
+
+
+def read_json(file: str, error_class: type[UserInputError], holds: str | None = None) -> Any:
+    """The JSON value in `file`; `error_class` naming the file when it is unreadable or not JSON, or, when `holds`
+    says what the file should hold (e.g. "a tokenizer"), not a JSON object."""
+    with reraised(error_class, f"{file} is not readable JSON", OSError, UnicodeDecodeError, json.JSONDecodeError):
+        with open(file, encoding="utf-8") as f:
+            value = json.load(f)
+    if holds is not None and not isinstance(value, dict):
+        raise error_class(f"{file} holds a JSON {type(value).__name__}, not {holds}")
+    return value

@@ -21,7 +21,7 @@ import ml_collections
 
 from ragen_jax import distributed
 from ragen_jax.algos.presets import apply_overrides
-from ragen_jax.errors import UserInputError, reraised
+from ragen_jax.errors import UserInputError, read_json, reraised
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS = "checkpoints"
@@ -70,7 +70,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, overridden: Collect
     resolved = json.loads(json.dumps({**config.to_dict(), **(extra or {})}))  # as it reads back from the file
     path = os.path.join(workdir, CONFIG_FILE)
     if config.checkpoint.resume and os.path.exists(path):
-        differing = differences(_read_json(path), resolved)
+        differing = differences(read_json(path, WorkdirError, "a run's config"), resolved)
         if differing:
             listed = ", ".join(differing[:_MAX_LISTED])
             more = f" and {len(differing) - _MAX_LISTED} more" if len(differing) > _MAX_LISTED else ""
@@ -94,16 +94,6 @@ def _holds_checkpoints(directory: str) -> bool:
     return os.path.isdir(directory) and any(os.scandir(directory))
 
 
-def _read_json(path: str) -> dict:
-    """The JSON object stored in `path`; WorkdirError naming the file when it is unreadable or not an object."""
-    with reraised(WorkdirError, f"{path} is not readable JSON", OSError, UnicodeDecodeError, json.JSONDecodeError):
-        with open(path, encoding="utf-8") as f:
-            stored = json.load(f)
-    if not isinstance(stored, dict):
-        raise WorkdirError(f"{path} holds a JSON {type(stored).__name__}, not a run's config")
-    return stored
-
-
 def read_config(workdir: str) -> ml_collections.ConfigDict:
     """The locked config stored in `<workdir>/config.json` of a single run, its dirs moved to `workdir` when they were
     the workdir's defaults (a copied or moved run folder); WorkdirError when there is none or the folder holds a
@@ -111,7 +101,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.exists(path):
         raise WorkdirError(f"{path} does not exist: --workdir names the folder of a run started with --workdir")
-    stored = _read_json(path)
+    stored = read_json(path, WorkdirError, "a run's config")
     if "sweep" in stored:
         raise WorkdirError(f"{workdir} holds a sweep (its checkpoints stack the members): give a single run's workdir")
     config = ml_collections.ConfigDict(stored)

@@ -35,7 +35,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from ragen_jax.errors import UserInputError, reraised
+from ragen_jax.errors import UserInputError, read_json, reraised
 from ragen_jax.models.config import Llama3RopeScaling, ModelConfig
 from ragen_jax.models.transformer import Model, init_params
 
@@ -200,13 +200,6 @@ def _hf_shape(leaf_shape: tuple[int, ...], layer: int | None, transposed: bool) 
 
 
 # ------------------------------------------------------------------------------------------------ loading
-def _read_json(file: str) -> Any:
-    """The JSON value in `file`; CheckpointError naming the file when it is unreadable or not JSON."""
-    with reraised(CheckpointError, f"{file} is not readable JSON", OSError, UnicodeDecodeError, json.JSONDecodeError):
-        with open(file, encoding="utf-8") as f:
-            return json.load(f)
-
-
 def _shard_files(path: str) -> tuple[str, list[str]]:
     """(the file listing the tensors: model.safetensors or the index, the safetensors files to open)."""
     single, index = os.path.join(path, WEIGHTS_FILE), os.path.join(path, INDEX_FILE)
@@ -214,7 +207,7 @@ def _shard_files(path: str) -> tuple[str, list[str]]:
         return single, [single]
     if not os.path.isfile(index):
         raise CheckpointError(f"no {WEIGHTS_FILE} or {INDEX_FILE} in model folder {path}")
-    stored = _read_json(index)
+    stored = read_json(index, CheckpointError)
     weight_map = stored.get("weight_map") if isinstance(stored, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
         raise CheckpointError(f"{index} lacks a weight_map of tensor name -> shard file name")
@@ -236,7 +229,7 @@ def read_config(path: str, compute_dtype: str = "float32") -> ModelConfig:
     config_file = os.path.join(path, CONFIG_FILE)
     if not os.path.isfile(config_file):
         raise CheckpointError(f"{config_file} does not exist: a model folder holds a HF {CONFIG_FILE} and safetensors")
-    hf = _read_json(config_file)
+    hf = read_json(config_file, CheckpointError)
     if not isinstance(hf, dict):
         raise CheckpointError(f"{config_file} holds a JSON {type(hf).__name__}, not a model config")
     try:

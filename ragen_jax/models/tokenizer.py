@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 
 import tokenizers
 
-from ragen_jax.errors import UserInputError, reraised
+from ragen_jax.errors import UserInputError, read_json, reraised
 
 PAD = "<pad>"
 END = "<|end|>"
@@ -303,7 +303,7 @@ def save_hf(path: str, tokenizer_json: str, eos_token: str, pad_token: str) -> s
     with open(file, "w", encoding="utf-8") as f:
         f.write(tokenizer_json)
     config_file = os.path.join(os.path.dirname(file), HF_CONFIG_FILE)
-    config = _read_json(config_file) if os.path.exists(config_file) else {}
+    config = read_json(config_file, TokenizerError, "a tokenizer config") if os.path.exists(config_file) else {}
     config.update(eos_token=eos_token, pad_token=pad_token)
     with open(config_file, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=1)
@@ -338,16 +338,6 @@ def _file_in(path: str, default_name: str) -> str:
     return os.path.join(path, default_name)
 
 
-def _read_json(file: str) -> dict:
-    """The JSON object in `file`; TokenizerError naming the file when it is unreadable or not an object."""
-    with reraised(TokenizerError, f"{file} is not readable JSON", OSError, UnicodeDecodeError, json.JSONDecodeError):
-        with open(file, encoding="utf-8") as f:
-            data = json.load(f)
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{file} holds a JSON {type(data).__name__}, not a tokenizer")
-    return data
-
-
 def _config_token(config: dict, key: str) -> str | None:
     value = config.get(key)
     return value.get("content") if isinstance(value, dict) else value
@@ -370,13 +360,13 @@ def load(path: str, eos_token: str | None = None, pad_token: str | None = None) 
             raise TokenizerError(f"no {HF_FILE} or {BUILTIN_FILE} in tokenizer folder {path!r}")
     elif not os.path.isfile(path):
         raise TokenizerError(f"tokenizer file {path!r} does not exist")
-    data = _read_json(file)
+    data = read_json(file, TokenizerError, "a tokenizer")
     if data.get("format") == _BUILTIN_FORMAT:
         with reraised(TokenizerError, f"{file} is not a valid builtin tokenizer", KeyError, ValueError, TypeError):
             return BuiltinTokenizer([bytes.fromhex(p) for p in data["pieces"]], data["special_tokens"],
                                     pad_token or data["pad_token"], eos_token or data["eos_token"])
     config_file = os.path.join(os.path.dirname(file), HF_CONFIG_FILE)
-    config = _read_json(config_file) if os.path.isfile(config_file) else {}
+    config = read_json(config_file, TokenizerError, "a tokenizer config") if os.path.isfile(config_file) else {}
     with reraised(TokenizerError, f"{file} is not a HF tokenizer.json", Exception):  # tokenizers raises Exception
         hf = tokenizers.Tokenizer.from_file(file)
     added = {t.content for t in hf.get_added_tokens_decoder().values()}
