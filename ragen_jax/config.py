@@ -82,6 +82,7 @@ POSITIVE_INT_KEYS = (
     "algo.ppo_epochs",
     "algo.ppo_mini_batch_size",
     "diagnostics.num_samples",
+    "diagnostics.score_width_tiers",
     "mesh.fsdp",
     "mesh.sweep",
     "checkpoint.save_freq",

@@ -18,15 +18,21 @@ settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # One compilation cache per test run: the loop and sweep tests build identical programs in separate `train()`
-# calls (a resumed run recompiles what the uninterrupted one compiled); with the cache they compile once.
+# calls (a resumed run recompiles what the uninterrupted one compiled), and test files on different xdist workers
+# build the same rollout; with the cache each compiles once. The first process (xdist's controller) makes the folder
+# and removes it at exit; the workers it starts inherit the variable. JAX recompiles, with a warning, if it reads an
+# entry another worker is still writing.
 import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 import jax  # noqa: E402
 
-_CACHE_DIR = tempfile.mkdtemp(prefix="ragen-jax-test-xla-cache-")
-atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+_CACHE_VARIABLE = "RAGEN_JAX_TEST_XLA_CACHE"
+if _CACHE_VARIABLE not in os.environ:
+    os.environ[_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="ragen-jax-test-xla-cache-")
+    atexit.register(shutil.rmtree, os.environ[_CACHE_VARIABLE], ignore_errors=True)
+_CACHE_DIR = os.environ[_CACHE_VARIABLE]
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -87,6 +87,7 @@ class CollapseOptions:
 
     every: cadence (`should_compute`); 0 = off. max_prompt_len / max_reasoning_len: padded widths of the
     gathered prompts and reasoning (None = the buffer length / the longest possible span); longer spans are cut.
+    width_tiers: `num_tiers` of `cross_logprobs.cross_log_probs` (its compiled scoring bodies grow as its square).
     """
 
     num_groups: int
@@ -96,13 +97,14 @@ class CollapseOptions:
     every: int = 1
     max_prompt_len: int | None = None
     max_reasoning_len: int | None = None
+    width_tiers: int = 4
 
     @classmethod
     def from_config(cls, config) -> "CollapseOptions":
         d = config.diagnostics
         return cls(num_groups=config.rollout.num_groups, num_samples=d.num_samples, first_turn=d.first_turn_enabled,
                    multi_turn=d.multi_turn_enabled, every=d.collapse_every,
-                   max_reasoning_len=config.rollout.response_length)
+                   max_reasoning_len=config.rollout.response_length, width_tiers=d.score_width_tiers)
 
 
 def should_compute(step, every: int) -> jax.Array:

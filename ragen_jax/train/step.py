@@ -55,6 +55,7 @@ class Hyper:
     lam: jax.Array
     high_level_gamma: jax.Array
     kl_coef: jax.Array  # beta of the KL reward penalty (algo.use_kl_in_reward)
+    zero_task_advantage: jax.Array  # bool[]: every advantage 0, the regulariser-only ablation
     env: Any
 
     @classmethod
@@ -64,7 +65,7 @@ class Hyper:
         return cls(actor=update.ActorHyper.from_config(config), critic=update.CriticHyper.from_config(config),
                    top_p=f32(config.rollout.top_p), filter_value=f32(f.value), filter_eps=f32(f.eps),
                    gamma=f32(a.gamma), lam=f32(a.lam), high_level_gamma=f32(a.high_level_gamma),
-                   kl_coef=f32(a.kl_coef), env=env_params)
+                   kl_coef=f32(a.kl_coef), zero_task_advantage=jnp.bool_(a.zero_task_advantage), env=env_params)
 
 
 @flax.struct.dataclass
@@ -107,7 +108,6 @@ class StepOptions:
     grpo_length_weight: bool
     norm_adv_by_std: bool
     soft_advantage_reweight: bool
-    zero_task_advantage: bool
     std_eps: float  # diagnostics.std_eps and ema_decay of the collapse metrics
     ema_decay: float
     update_config: update.UpdateConfig
@@ -125,7 +125,7 @@ class StepOptions:
             filter_type=f.type, filter_include_zero=f.include_zero, filter_top_p_mode=f.top_p_mode,
             loss_scaling=f.loss_scaling, use_kl_in_reward=a.use_kl_in_reward, kl_penalty=a.kl_penalty,
             bi_level_gae=a.bi_level_gae, grpo_length_weight=a.grpo_length_weight, norm_adv_by_std=a.norm_adv_by_std,
-            soft_advantage_reweight=a.soft_advantage_reweight, zero_task_advantage=a.zero_task_advantage,
+            soft_advantage_reweight=a.soft_advantage_reweight,
             std_eps=d.std_eps, ema_decay=d.ema_decay, update_config=update.UpdateConfig.from_config(config),
             collapse=dataclasses.replace(sampling.CollapseOptions.from_config(config),
                                          max_prompt_len=r.max_model_len - 1),
@@ -184,7 +184,7 @@ class TrainStep:
         traj_metrics = rollout_metrics(traj, o.group_size, o.metric_prefix)
 
         score_fn = functools.partial(cross_logprobs.cross_log_probs, self.model_config, state.actor,
-                                     temperature=temperature)
+                                     temperature=temperature, num_tiers=o.collapse.width_tiers)
         collapse_metrics, collapse_state = sampling.collapse_diagnostics_every(
             step, score_fn, batch_lib.reasoning_spans(traj), diag_key, state.collapse, o.collapse, o.std_eps,
             o.ema_decay)
@@ -299,9 +299,7 @@ class TrainStep:
                 per_row = per_row * weights[group_ids]
             advantages = returns = per_row[:, None] * mask
         advantages = filtering.filter_loss_scaling(advantages, kept.kept_ratio, o.loss_scaling)
-        if o.zero_task_advantage:
-            advantages = jnp.zeros_like(advantages)
-        advantages = advantages * mask
+        advantages = jnp.where(hyper.zero_task_advantage, 0.0, advantages) * mask
         return advantages, returns, {**reweight_metrics, **_advantage_metrics(advantages, returns, mask)}
 
     def _warmed_up(self, hyper: Hyper, step) -> Hyper:

@@ -48,8 +48,8 @@ from ragen_jax.train.step import Hyper, TrainState, TrainStep
 
 SWEEPABLE = ("filter.value", "filter.eps", "algo.gamma", "algo.lam", "algo.high_level_gamma", "algo.kl_coef",
              "algo.kl_loss_coef", "algo.entropy_coeff", "algo.clip_ratio_low", "algo.clip_ratio_high",
-             "algo.clip_ratio_c", "algo.value_clip", "optim.actor_lr", "optim.critic_lr", "rollout.temperature",
-             "rollout.top_p", "env.success_rate", "train.seed",
+             "algo.clip_ratio_c", "algo.value_clip", "algo.zero_task_advantage", "optim.actor_lr", "optim.critic_lr",
+             "rollout.temperature", "rollout.top_p", "env.success_rate", "train.seed",
              # host-side early-stop rules (docs/filtering.md#early-stops), applied per member
              "filter.empty_stop_steps", "filter.rv_collapse_window", "filter.rv_collapse_ratio",
              "filter.val_success_floor", "filter.val_success_patience")

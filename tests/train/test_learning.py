@@ -3,8 +3,8 @@
 The task is the first rung of the learning ladder, a miniature of the Bandit: one turn, the prompt shows two of
 four words ("Options: Go or Stop"), the valid answers are those two and the right one pays 1. The warm start
 demonstrates the format with uniformly random valid answers (`sft_oracle_prob = 0`), so the policy starts near
-50% success and only RL can tell it which word pays. With `algo.zero_task_advantage` (the same run, task gradient removed) success
-must stay near the start. A wrong advantage sign, a loss mask off the sampled tokens or stale old log-probs make
+50% success and only RL can tell it which word pays. With `algo.zero_task_advantage` (the same run, task gradient
+removed) success must stay near the start. A wrong advantage sign, a loss mask off the sampled tokens or stale old log-probs make
 the first assertion fail.
 """
 from __future__ import annotations
@@ -17,7 +17,6 @@ from flax import struct
 from configs import tasks
 from environments.base import TextEnv
 from environments.pieces import PieceTable
-from ragen_jax.algos import presets
 from ragen_jax.models import chat, transformer
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.tokenizer import builtin
@@ -97,20 +96,18 @@ def test_grpo_learns_the_prompt_dependent_answer_and_regularisers_alone_do_not()
         "diagnostics.collapse_every": 0})
     model_config = ModelConfig.from_config(base.model, tokenizer.vocab_size)
     params = transformer.init_params(model_config, jax.random.key(0))
+    step = TrainStep(base, env, tokenizer, model_config, chat.plain())
+    params, losses = sft.warm_start(step.rollout, tokenizer, params, env.default_params, jax.random.key(1),
+                                    steps=250, lr=3e-3, batch_size=16, oracle_prob=0.0, log=None)
+    assert np.mean(losses[-10:]) < 0.2 * np.mean(losses[:10]), "the warm start lowers the loss"
+    hyper = Hyper.from_config(base, env.default_params)
+    run = jax.jit(step, donate_argnums=0)  # the ablation is a traced value: both runs share one compiled step
     results = {}
-    for zero_task in (False, True):
-        config = presets.apply_overrides(base, {"algo.zero_task_advantage": zero_task})
-        step = TrainStep(config, env, tokenizer, model_config, chat.plain())
-        if zero_task is False:  # the same warm start for both runs
-            params, losses = sft.warm_start(step.rollout, tokenizer, params, env.default_params, jax.random.key(1),
-                                            steps=250, lr=3e-3, batch_size=16, oracle_prob=0.0, log=None)
-            assert np.mean(losses[-10:]) < 0.2 * np.mean(losses[:10]), "the warm start lowers the loss"
+    for zero_task in (False, True):  # the same warm start for both runs
         state = step.init(jax.random.key(2), params)
-        hyper = Hyper.from_config(config, env.default_params)
-        run = jax.jit(step, donate_argnums=0)
         successes = []
         for _ in range(STEPS if not zero_task else 6):  # the regularised run collapses at once
-            state, metrics = run(state, jax.random.key(3), hyper)
+            state, metrics = run(state, jax.random.key(3), hyper.replace(zero_task_advantage=jnp.bool_(zero_task)))
             successes.append(float(metrics["choice/success"]))
         results[zero_task] = successes
     learned, regularised = np.array(results[False]), np.array(results[True])

@@ -2,7 +2,8 @@
 hyperparameter values, exact no-ops when the filter keeps nothing, critic warm-up, determinism.
 
 The policy starts as the scripted bigram model of the rollout tests (its answers are mostly well formed, so the
-collapse metrics have valid reasoning to score)."""
+collapse metrics have valid reasoning to score). The steps built only for one test leave the collapse diagnostics
+out: a smaller program to compile."""
 from __future__ import annotations
 
 import jax
@@ -22,7 +23,7 @@ from tests.guards import no_network
 from tests.rollout.helpers import scripted_params
 
 TINY = {"rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2, "rollout.response_length": 16,
-        "rollout.max_model_len": 1024, "algo.ppo_mini_batch_size": 2, "diagnostics.num_samples": 4,
+        "rollout.max_model_len": 1024, "algo.ppo_mini_batch_size": 2, "diagnostics.num_samples": 4, "diagnostics.score_width_tiers": 1,
         "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1, "model.mlp_dim": 64,
         "model.max_seq_len": 1040, "model.tie_embeddings": False, "env.name": "frozen_lake", "optim.actor_lr": 1e-2, "optim.critic_lr": 1e-2}
 
@@ -114,7 +115,7 @@ def test_nothing_kept_means_nothing_changes(grpo):
     """include_zero=False drops groups of zero reward variance; greedy decoding (temperature 0) gives every member
     of a group the same trajectory, so nothing is kept and the update skips every minibatch: no parameter or
     optimizer-state change at all."""
-    _, step, state0, hyper, _ = build("grpo", **{"filter.include_zero": False})
+    _, step, state0, hyper, _ = build("grpo", **{"filter.include_zero": False, "diagnostics.collapse_every": 0})
     state1, m = step(state0, jax.random.key(4), hyper.replace(actor=hyper.actor._replace(temperature=jnp.float32(0))))
     assert float(m["rollout/filter_kept_ratio"]) == 0.0 and float(m["rollout/empty_after_filter"]) == 1.0
     assert not changed(state0.actor, state1.actor) and not changed(state0.actor_opt, state1.actor_opt)
@@ -122,7 +123,7 @@ def test_nothing_kept_means_nothing_changes(grpo):
 
 
 def test_ppo_with_kl_loss_trains_the_critic_warms_up_and_analyses_a_separate_batch():
-    _, step, state0, hyper, _ = build("ppo", kl="loss", **{"algo.critic_warmup": 1,
+    _, step, state0, hyper, _ = build("ppo", kl="loss", **{"algo.critic_warmup": 1, "diagnostics.collapse_every": 0,
                                                            "diagnostics.grad_analysis_every": 2,
                                                            "diagnostics.grad_analysis_num_groups": 3})
     assert state0.critic is not None and state0.ref is not None
