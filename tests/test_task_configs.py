@@ -61,7 +61,7 @@ def test_demo_starts_from_the_shipped_warm_start_which_still_knows_the_format():
     assert demo.train.sft_steps == 0 and demo.model.pretrained_path.endswith("warm_starts/bandit_tiny")
     assert build(demo).model_config == build(tiny).model_config
     lines = []
-    metrics = evaluate.evaluate(demo, temperatures=(0.0,), log=lines.append)[0.0]
+    metrics = evaluate.evaluate(demo, temperatures=(0.0,), log=lines.append, diagnostics=False)[0.0].metrics
     assert metrics["val-env/bandit/format_ok_rate"] >= 0.75
     assert lines == [f"temperature 0 | success {metrics['val-env/bandit/success']:.3f} | format_ok_rate "
                      f"{metrics['val-env/bandit/format_ok_rate']:.3f} | episode_reward "

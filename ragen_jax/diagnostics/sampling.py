@@ -100,11 +100,13 @@ class CollapseOptions:
     width_tiers: int = 4
 
     @classmethod
-    def from_config(cls, config) -> "CollapseOptions":
-        d = config.diagnostics
-        return cls(num_groups=config.rollout.num_groups, num_samples=d.num_samples, first_turn=d.first_turn_enabled,
-                   multi_turn=d.multi_turn_enabled, every=d.collapse_every,
-                   max_reasoning_len=config.rollout.response_length, width_tiers=d.score_width_tiers)
+    def from_config(cls, config, num_groups: int | None = None) -> "CollapseOptions":
+        """The options of a rollout batch of `num_groups` groups (default `rollout.num_groups`, the training
+        batch's) in a buffer of `rollout.max_model_len` tokens."""
+        d, r = config.diagnostics, config.rollout
+        return cls(num_groups=num_groups or r.num_groups, num_samples=d.num_samples, first_turn=d.first_turn_enabled,
+                   multi_turn=d.multi_turn_enabled, every=d.collapse_every, max_prompt_len=r.max_model_len - 1,
+                   max_reasoning_len=r.response_length, width_tiers=d.score_width_tiers)
 
 
 def should_compute(step, every: int) -> jax.Array:

@@ -127,8 +127,7 @@ class StepOptions:
             bi_level_gae=a.bi_level_gae, grpo_length_weight=a.grpo_length_weight, norm_adv_by_std=a.norm_adv_by_std,
             soft_advantage_reweight=a.soft_advantage_reweight,
             std_eps=d.std_eps, ema_decay=d.ema_decay, update_config=update.UpdateConfig.from_config(config),
-            collapse=dataclasses.replace(sampling.CollapseOptions.from_config(config),
-                                         max_prompt_len=r.max_model_len - 1),
+            collapse=sampling.CollapseOptions.from_config(config),
             grad_analysis=gradients.GradAnalysisOptions.from_config(
                 config, chunk_rows=math.gcd(16, r.num_groups * r.group_size)))
 

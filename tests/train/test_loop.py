@@ -180,7 +180,8 @@ def test_workdir_run_resumes_when_run_again_and_refuses_another_config(tmp_path,
     """`ragen-train --workdir=DIR` (ragen_jax/workdir.py) on the config above (its compiled programs are cached;
     one step, no SFT or validation, to keep it short): config.json, metrics and checkpoints/ land in DIR; the same
     command again resumes (at its last step: nothing left to run); another config is refused naming its keys;
-    ragen-eval restores the newest checkpoint. The loop's resume itself: the test above."""
+    ragen-eval restores a checkpoint and writes its evaluation and transcripts. The loop's resume itself: the test
+    above."""
     config_file = tmp_path / "tiny.py"
     config_file.write_text("from configs import base\nfrom ragen_jax.algos import presets\n\n\ndef get_config():\n"
                            "    config = presets.preset_config(base.get_config(), 'grpo', filter='paper')\n"
@@ -203,6 +204,23 @@ def test_workdir_run_resumes_when_run_again_and_refuses_another_config(tmp_path,
         train_cli.main(command + ["--config.train.seed=1"])
     assert "another config: train.seed (0 -> 1);" in capsys.readouterr().err
 
-    evaluate_cli.main(["ragen-eval", f"--workdir={run}", "--temperatures=0.5"])  # the validation program above
+    # ragen-eval: checkpoint 1, 3 fixed prompts, two temperatures in one compiled program, collapse diagnostics
+    evaluate_cli.main(["ragen-eval", f"--workdir={run}", "--step=1", "--num_prompts=3", "--temperatures=0,0.5"])
     out = capsys.readouterr().out
     assert f"restored step 1 from {os.path.join(run, 'checkpoints')}" in out and "temperature 0.5 | success" in out
+    assert f"wrote {os.path.join(run, 'eval', 'step_1.json')}" in out
+    with open(os.path.join(run, "eval", "step_1.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    assert (summary["step"], summary["env"], summary["num_prompts"]) == (1, "frozen_lake", 3)
+    assert list(summary["temperatures"]) == ["0", "0.5"]
+    step, rows = transcripts.newest(os.path.join(run, "eval"))
+    assert step == 1 and [r["temperature"] for r in rows] == [0.0] * 3 + [0.5] * 3  # the whole batch of 3 each
+    for temperature, metrics in summary["temperatures"].items():
+        # the untrained policy rarely closes a <think>: the MI estimates may be NaN, their keys are there
+        assert 0 <= metrics["collapse/valid_thinking_rate"] <= 1 and "collapse_first_turn_sample/mi_zscore" in metrics
+        assert 0 <= metrics["val-env/frozen_lake/pass@1"] <= 1
+        rewards = [r["episode_reward"] for r in rows if r["temperature"] == float(temperature)]
+        assert np.mean(rewards) == pytest.approx(metrics["val-env/frozen_lake/episode_reward"], abs=1e-6)
+    with pytest.raises(SystemExit):
+        evaluate_cli.main(["ragen-eval", f"--workdir={run}", "--step=5"])
+    assert f"no checkpoint of step 5 in {os.path.join(run, 'checkpoints')}: it holds steps 1" in capsys.readouterr().err
