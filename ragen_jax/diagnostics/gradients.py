@@ -35,7 +35,7 @@ from ragen_jax import sharding
 from ragen_jax.algos import losses
 from ragen_jax.config import BUCKET_MODES, check_choice
 from ragen_jax.diagnostics import schedule
-from ragen_jax.train.update import ActorHyper, UpdateBatch
+from ragen_jax.train.update import ActorHyper, UpdateBatch, token_logprobs
 
 COMPONENTS = ("task", "entropy", "kl")
 
@@ -104,10 +104,10 @@ def _component_losses(logp, entropy, batch: UpdateBatch, mask, hyper: ActorHyper
 
 
 def _chunk_outputs(logits_fn: LogitsFn, params, batch: UpdateBatch, rows: jax.Array, temperature):
-    """(logp, entropy) f32[m, L-1] of the batch rows `rows` int32[m]."""
-    tokens = batch.tokens[rows]
-    logits = logits_fn(params, tokens, batch.positions[rows], batch.attention_mask[rows])[:, :-1]
-    return losses.logprobs_and_entropy(logits, tokens[:, 1:], temperature)
+    """(logp, entropy) f32[m, L-1] of the batch rows `rows` int32[m], scored as the update scores them (a
+    `transformer.CausalLM` a block of positions at a time)."""
+    return token_logprobs(logits_fn, params, batch.tokens[rows], batch.positions[rows], batch.attention_mask[rows],
+                          temperature)
 
 
 def _all_outputs(logits_fn, params, batch: UpdateBatch, temperature, chunk_rows: int):

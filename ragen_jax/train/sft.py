@@ -34,8 +34,8 @@ WIDTH_MULTIPLE = 256  # coarse: every new width compiles the SFT step once
 
 def sft_loss(model_config, params, tokens, positions, attention, loss_mask):
     """Mean negative log-likelihood f32[] of the masked target tokens (loss_mask f32[B, L-1] scores tokens[:, 1:])."""
-    logp, _ = update.token_logprobs(functools.partial(transformer.apply, model_config), params, tokens, positions,
-                                    attention, jnp.float32(1.0))
+    logp, _ = update.token_logprobs(transformer.CausalLM(model_config), params, tokens, positions, attention,
+                                    jnp.float32(1.0))  # a block of positions' logits at a time
     return -(logp * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)
 
 
