@@ -4,6 +4,7 @@ values through `config.validate`, workdirs through `workdir.prepare`. The consol
 tests/test_bad_input_cli.py."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -247,6 +248,30 @@ def test_what_only_the_build_can_check_names_the_key_too():
     with pytest.raises(UserInputError) as error:
         build.build_env(config, tok_lib.builtin())
     _one_line(error, "config.env.kwargs: environment 'bandit'", "'armz'")
+
+
+def test_what_only_the_rollout_and_step_can_check_names_the_key_too():
+    """The exact one-turn length needs the rendered prompts: the rollout checks it, and the step the collapse
+    diagnostics' reach; each a one-line ConfigError the console scripts print as such."""
+    import environments
+    from ragen_jax.models import chat
+    from ragen_jax.rollout.rollout import Rollout
+    from ragen_jax.train.step import TrainStep
+
+    tokenizer = tok_lib.builtin()
+    env, _ = environments.make("frozen_lake", tokenizer)
+    geometry = dict(num_groups=1, group_size=1, max_turn=1, response_length=16)
+    for model, max_len, message in ((TINY, 64, "config.rollout.max_model_len = 64 is invalid: cannot hold"),
+                                    (TINY, 5000, "config.rollout.max_model_len = 5000 is invalid: exceeds"),
+                                    (dataclasses.replace(TINY, vocab_size=100), 512,
+                                     "config.model.vocab_size = 100 is invalid")):
+        with pytest.raises(config_lib.ConfigError) as error:
+            Rollout(env, tokenizer, chat.plain(), model, max_len=max_len, **geometry)
+        _one_line(error, message)
+    config = _config(**{"env.name": "frozen_lake", "rollout.max_model_len": 1024, "model.max_seq_len": 1030})
+    with pytest.raises(config_lib.ConfigError) as error:
+        TrainStep(config, env, tokenizer, ModelConfig.from_config(config.model, tokenizer.vocab_size), chat.plain())
+    _one_line(error, "config.model.max_seq_len = 1030 is invalid: must be >= rollout.max_model_len - 1")
 
 
 # ---- workdir ----------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from environments.pytrees import tree_select
 from ragen_jax import sharding
+from ragen_jax.config import ConfigError
 from ragen_jax.models import kv_cache as kv
 from ragen_jax.models import transformer as tfm
 from ragen_jax.models.config import ModelConfig
@@ -153,7 +154,8 @@ class Rollout:
                  max_turn: int, response_length: int, max_len: int, top_k: int = 0, format_penalty: float = -0.1):
         chat_format.check_tokenizer(tokenizer)
         if model_config.vocab_size < tokenizer.vocab_size:
-            raise ValueError(f"model vocab_size {model_config.vocab_size} < tokenizer vocab_size {tokenizer.vocab_size}")
+            raise ConfigError("model.vocab_size", model_config.vocab_size,
+                              f"the model needs a row for each of the tokenizer's {tokenizer.vocab_size} ids")
         self.env, self.model_config = env, model_config
         self.num_groups, self.group_size, self.max_turn = num_groups, group_size, max_turn
         self.response_length, self.max_len, self.top_k = response_length, max_len, top_k
@@ -165,9 +167,11 @@ class Rollout:
         self.stop_sequences = sampler.stop_sequence_array([tokenizer.encode(s) for s in chat_format.stop_sequences])
         one_turn = len(self.prompts.system_ids) + self.chunk_capacity + response_length + len(self.prompts.close_ids)
         if max_len < one_turn:
-            raise ValueError(f"max_len = {max_len} cannot hold the system prompt and one turn ({one_turn} tokens)")
+            raise ConfigError("rollout.max_model_len", max_len, f"cannot hold the system prompt and one turn ({one_turn} "
+                              "tokens: its longest observation and rollout.response_length)")
         if max_len > model_config.max_seq_len:
-            raise ValueError(f"max_len = {max_len} exceeds the model's max_seq_len = {model_config.max_seq_len}")
+            raise ConfigError("rollout.max_model_len", max_len,
+                              f"exceeds the model's max_seq_len = {model_config.max_seq_len}")
 
     @property
     def batch_size(self) -> int:

@@ -31,6 +31,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from ragen_jax.errors import UserInputError
+
 STATE, EXTRA = "state", "extra"
 _MAX_LISTED = 8  # differing paths named in a structure-mismatch error
 
@@ -138,7 +140,7 @@ class Checkpointer:
         return self.restore(step, abstract_state)
 
     def _check_matches(self, step: int, target: Any) -> None:
-        """ValueError naming the paths where checkpoint `step` and `target` differ (structure, shape, dtype)."""
+        """UserInputError naming the paths where checkpoint `step` and `target` differ (structure, shape, dtype)."""
         stored = ocp.tree.to_flat_dict(self._manager.item_metadata(step)[STATE].tree)
         wanted = ocp.tree.to_flat_dict(target)
         problems = [f"missing from the checkpoint: {_path(p)}" for p in wanted if p not in stored]
@@ -151,7 +153,8 @@ class Checkpointer:
         if problems:
             listed = "; ".join(sorted(problems)[:_MAX_LISTED])
             more = f" (and {len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else ""
-            raise ValueError(f"checkpoint {self.directory}/{step} does not match the abstract state: {listed}{more}")
+            raise UserInputError(f"checkpoint {self.directory}/{step} does not match the abstract state: {listed}{more}"
+                                 " (another model's run? --config.checkpoint.resume=False starts over)")
 
 
 def _path(keys: tuple) -> str:

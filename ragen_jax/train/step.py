@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from environments.pytrees import filled_like
+from ragen_jax import config as config_lib
 from ragen_jax import filtering, sharding
 from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import presets
@@ -153,9 +154,10 @@ class TrainStep:
         self.rollout = rollout(r.num_groups, r.group_size)
         self.options = StepOptions.from_config(config)
         if d.collapse_every > 0 and model_config.max_seq_len < r.max_model_len - 1 + r.response_length:
-            raise ValueError(f"model.max_seq_len = {model_config.max_seq_len} must be >= rollout.max_model_len - 1 + "
-                             f"rollout.response_length = {r.max_model_len - 1 + r.response_length}: the collapse "
-                             "diagnostics score reasoning after prompts of up to max_model_len - 1 tokens")
+            raise config_lib.ConfigError(
+                "model.max_seq_len", model_config.max_seq_len, f"must be >= rollout.max_model_len - 1 + "
+                f"rollout.response_length = {r.max_model_len - 1 + r.response_length}: the collapse diagnostics score "
+                "reasoning after prompts of up to max_model_len - 1 tokens")
         self.analysis_rollout = None
         if d.grad_analysis_every > 0 and d.grad_analysis_num_groups > 0:
             self.analysis_rollout = rollout(d.grad_analysis_num_groups, d.grad_analysis_group_size or r.group_size)
