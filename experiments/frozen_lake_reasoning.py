@@ -1,0 +1,75 @@
+"""Is a FrozenLake policy's reasoning still true to its input? Reads the validation transcripts of runs or sweeps
+(`samples/step_N.jsonl`, `logging.samples_every`) of the one-move rung (`configs/frozen_lake.py:tiny`, whose warm
+start ends its reasoning "rows a to b: down, cols c to d: same.") and prints, per transcript step over all runs:
+
+* tail digits right: a, b, c, d are the player's and the goal's row and column of the observation;
+* words right: the two axis words are the goal's true side of the player;
+* words follow digits: the words are the ones the reasoning's own digits imply;
+* answer follows words: the move is the one the reasoning's own words name (a single move: one axis "same");
+* success: of those trajectories.
+
+    .venv/bin/python experiments/frozen_lake_reasoning.py experiments/results/frozen_lake_filter [more folders]
+
+A transcript holds the validation batch's first rows (the same prompts at every step), so n is small: 4 per run.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+
+import numpy as np
+
+from environments.frozen_lake import COL_WORDS, ROW_WORDS
+
+POSITION = r"\((\d+), (\d+)\)"
+TAIL = re.compile(r"rows (\d+) to (\d+): (\w+), cols (\d+) to (\d+): (\w+)")
+MOVES = {("down", "same"): "Down", ("up", "same"): "Up", ("same", "right"): "Right", ("same", "left"): "Left"}
+COLUMNS = ("tail digits right", "words right", "words follow digits", "answer follows words", "success")
+
+
+def axis_words(row_from: int, row_to: int, col_from: int, col_to: int) -> tuple[str, str]:
+    return ROW_WORDS[int(np.sign(row_to - row_from))], COL_WORDS[int(np.sign(col_to - col_from))]
+
+
+def checks(transcript: dict) -> tuple[bool, ...]:
+    """The COLUMNS of one trajectory's first turn (all False but success when its reasoning has no tail)."""
+    observation = transcript["chat"][transcript["chat"].rindex("Turn 1:"):]
+    player = tuple(map(int, re.search("Player: " + POSITION, observation).groups()))
+    goal = tuple(map(int, re.search("Goal: " + POSITION, observation).groups()))
+    turn = transcript["turns"][0] if transcript["turns"] else {"reasoning": "", "answer": ""}
+    tail = TAIL.search(turn["reasoning"])
+    if tail is None:
+        return False, False, False, False, bool(transcript["success"])
+    a, b, row_word, c, d, col_word = tail.groups()
+    a, b, c, d = map(int, (a, b, c, d))
+    words = (row_word, col_word)
+    return ((a, b, c, d) == (player[0], goal[0], player[1], goal[1]),
+            words == axis_words(player[0], goal[0], player[1], goal[1]), words == axis_words(a, b, c, d),
+            MOVES.get(words) == turn["answer"], bool(transcript["success"]))
+
+
+def by_step(folders: list[str]) -> dict[int, np.ndarray]:
+    """{transcript step: bool[n, len(COLUMNS)]} over every run under `folders`."""
+    out: dict[int, list] = {}
+    for folder in folders:
+        for path in glob.glob(os.path.join(folder, "**", "samples", "step_*.jsonl"), recursive=True):
+            step = int(re.search(r"step_(\d+)\.jsonl$", path).group(1))
+            with open(path, encoding="utf-8") as f:
+                out.setdefault(step, []).extend(checks(json.loads(line)) for line in f)
+    return {step: np.array(rows, bool) for step, rows in sorted(out.items())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+", help="run or sweep folders holding samples/step_N.jsonl")
+    args = parser.parse_args(argv)
+    print("| step | n | " + " | ".join(COLUMNS) + " |\n|---|---|" + "---|" * len(COLUMNS))
+    for step, rows in by_step(args.folders).items():
+        print(f"| {step} | {len(rows)} | " + " | ".join(f"{v:.2f}" for v in rows.mean(axis=0)) + " |")
+
+
+if __name__ == "__main__":
+    main()
