@@ -1,27 +1,104 @@
 """Validation of the locked experiment config, run before anything compiles.
 
 `validate(config)` raises `ConfigError` (a `ragen_jax.errors.UserInputError`) whose message names the key, the
-offending value and what is allowed. The name tuples below are the single source of the choices the rest of the package accepts.
+offending value and what is allowed. The name tuples below are the single source of the fixed choices the rest of
+the package accepts; the choices that grow (filter metrics and strategies, loss aggregation modes) are `Registry`s
+instead, filled where each one is implemented (docs/filtering.md#adding-a-filter-metric-or-strategy), and
+validation reads their names.
 """
 from __future__ import annotations
 
+import importlib
 import math
 import os
-from typing import Any, Iterable
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import ml_collections
 
 from ragen_jax.errors import UserInputError
 
+
+class Registry(Mapping[str, SimpleNamespace]):
+    """The choices of one config key that grow: name -> entry, in registration order.
+
+    An entry is registered next to its implementation, `@REGISTRY.register("name", **metadata)` on the function,
+    and is a `SimpleNamespace(name=..., fn=<the function>, **metadata)`. The registry itself lives here, in the
+    light config module, so validation can read the names; its entries live in `home`, a jax module, which is
+    imported the first time the registry is read (reading it from `config.validate` therefore imports `home`;
+    importing this module still does not). The entries are static choices: callers look them up in Python, at
+    trace time, never inside a traced function.
+
+    Args:
+      key: the config key the names are the values of (named in the errors).
+      home: the module that registers the entries.
+      defaults: metadata an entry gets unless its registration sets it; `required`: metadata it must set.
+    """
+
+    def __init__(self, key: str, home: str, defaults: Mapping[str, Any] | None = None,
+                 required: tuple[str, ...] = ()):
+        self.key, self.home = key, home
+        self._defaults, self._required = dict(defaults or {}), required
+        self._entries: dict[str, SimpleNamespace] = {}
+        self._loaded = False
+
+    def register(self, name: str, **metadata: Any) -> Callable[[Callable], Callable]:
+        """Decorator: registers the function as the entry `name` (a name registered twice is a bug: ValueError)."""
+        missing = [k for k in self._required if k not in metadata]
+        if missing:
+            raise TypeError(f"{self.key} {name!r}: the registration must set {', '.join(missing)}")
+
+        def decorator(fn: Callable) -> Callable:
+            if name in self._entries:
+                raise ValueError(f"{self.key} {name!r} is already registered (by {self._entries[name].fn!r})")
+            self._entries[name] = SimpleNamespace(name=name, fn=fn, **{**self._defaults, **metadata})
+            return fn
+
+        return decorator
+
+    def unregister(self, name: str) -> None:
+        """Removes the entry `name` (for tests that register a temporary one)."""
+        del self._entries[name]
+
+    def entry(self, name: str) -> SimpleNamespace:
+        """The entry `name`; a ConfigError naming `key` and the registered names if there is none."""
+        check_choice(self.key, name, self)
+        return self._entries[name]
+
+    def _all(self) -> dict[str, SimpleNamespace]:
+        if not self._loaded:
+            importlib.import_module(self.home)  # its registrations fill `_entries`; no-op while it is importing
+            self._loaded = True
+        return self._entries
+
+    def __getitem__(self, name: str) -> SimpleNamespace:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(self._all()))
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __repr__(self) -> str:
+        return f"Registry({self.key!r}: {', '.join(self._all())})"
+
+
 ALGORITHMS = ("ppo", "dapo", "grpo", "drgrpo")
 ADV_ESTIMATORS = ("gae", "grpo")
-FILTER_STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
+# filter.strategy: entry.fn(scores, candidate, value, largest, top_p_mode, eps) -> bool[N] (filtering/selection.py);
+# `value_ok(value) -> bool` and `value_rule` (the error's "needs ...") check filter.value.
+FILTER_STRATEGIES = Registry("filter.strategy", "ragen_jax.filtering.selection",
+                             defaults={"value_ok": lambda value: 0.0 < value <= 1.0, "value_rule": "a value in (0, 1]"})
 FILTER_TYPES = ("largest", "smallest")
-FILTER_METRICS = ("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance", "length")
-VARIANCE_FILTER_METRICS = ("reward_variance", "entropy_variance")
+# filter.metric: entry.fn(values f32[N, G]) -> f32[N] group scores (filtering/selection.py); `quantity`: the
+# per-trajectory value it scores ("reward" | "entropy" | "length"); `min_group_size`: the rollout.group_size it needs.
+FILTER_METRICS = Registry("filter.metric", "ragen_jax.filtering.selection", defaults={"min_group_size": 1},
+                          required=("quantity",))
 TOP_P_MODES = ("linear", "softmax")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "low-var-kl", "k3")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# algo.loss_agg_mode: entry.fn(loss f32[B, T], mask f32[B, T]) -> f32 scalar (algos/losses.py `agg_loss`).
+LOSS_AGG_MODES = Registry("algo.loss_agg_mode", "ragen_jax.algos.losses")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 REWARD_NORMALIZATIONS = ("identity", "mean", "mean_std", "asym_clip")
 BUCKET_MODES = ("quantile", "fixed_rv")
@@ -138,13 +215,9 @@ def _check_choice(config, key: str, choices: Iterable[str]) -> None:
 
 
 def _check_filter_value(config) -> None:
-    strategy, value = config.filter.strategy, config.filter.value
-    if strategy == "top_k_abs":
-        ok, allowed = value >= 1, "top_k_abs needs an absolute group count >= 1"
-    else:
-        ok, allowed = 0.0 < value <= 1.0, f"{strategy} needs a value in (0, 1]"
-    if not ok or not math.isfinite(value):
-        raise ConfigError("filter.value", value, allowed)
+    strategy, value = FILTER_STRATEGIES[config.filter.strategy], config.filter.value
+    if not strategy.value_ok(value) or not math.isfinite(value):
+        raise ConfigError("filter.value", value, f"{strategy.name} needs {strategy.value_rule}")
 
 
 def mesh_data_size(config: ml_collections.ConfigDict, num_devices: int) -> int:
@@ -218,9 +291,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                           "the dual-clip bound must be > 1 (it caps the loss of negative advantages at c times)")
 
     group_size = config.rollout.group_size
-    if group_size < 2 and config.filter.metric in VARIANCE_FILTER_METRICS:
+    min_group_size = FILTER_METRICS[config.filter.metric].min_group_size  # 2 for the variance metrics
+    if group_size < min_group_size:
         raise ConfigError(
-            "rollout.group_size", group_size, f"filter.metric={config.filter.metric!r} needs a group_size >= 2"
+            "rollout.group_size", group_size,
+            f"filter.metric={config.filter.metric!r} needs a group_size >= {min_group_size}"
         )
     if group_size < 2 and config.algo.adv_estimator == "grpo":
         raise ConfigError("rollout.group_size", group_size, "the grpo advantage estimator needs a group_size >= 2")

@@ -12,7 +12,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
+from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES
 
 LOG_RATIO_CLAMP = 20.0  # verl clamps log(pi / pi_old) to [-20, 20] before exp
 LOW_VAR_KL_CLAMP = 10.0  # verl clamps the k3 estimate to [-10, 10]
@@ -26,11 +26,48 @@ def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     return (values * mask).sum() / (mask.sum() + 1e-8)
 
 
+# A new `algo.loss_agg_mode` is one function here, `fn(loss f32[B, T], mask f32[B, T] of 0/1 floats) -> f32 scalar`,
+# under `@register_loss_agg_mode("name")`: `config.validate` and `agg_loss` read the registry.
+register_loss_agg_mode = LOSS_AGG_MODES.register
+
+
+def _row_sums(loss: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(sum_t l*m f32[B], sum_t m f32[B], rows holding at least one loss token, at least 1)."""
+    token_sum = (loss * mask).sum(-1)
+    token_count = mask.sum(-1)
+    has_tokens = (token_count > 0).astype(jnp.float32)
+    return token_sum, token_count, jnp.maximum(has_tokens.sum(), 1.0)
+
+
+@register_loss_agg_mode("token-mean")
+def _token_mean(loss, mask):
+    token_sum, token_count, _ = _row_sums(loss, mask)
+    return token_sum.sum() / (token_count.sum() + 1e-8)
+
+
+@register_loss_agg_mode("seq-mean-token-mean")
+def _seq_mean_token_mean(loss, mask):
+    token_sum, token_count, num_rows = _row_sums(loss, mask)
+    return (token_sum / jnp.maximum(token_count, 1.0)).sum() / num_rows
+
+
+@register_loss_agg_mode("seq-mean-token-sum")
+def _seq_mean_token_sum(loss, mask):
+    token_sum, _, num_rows = _row_sums(loss, mask)
+    return token_sum.sum() / num_rows
+
+
+@register_loss_agg_mode("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(loss, mask):
+    token_sum, _, _ = _row_sums(loss, mask)
+    return token_sum.sum() / loss.shape[-1]
+
+
 def agg_loss(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
     """Aggregates a token loss f32[B, T] into a scalar (verl `agg_loss`,
     docs/rewards_and_objectives.md#loss-aggregation).
 
-    Modes:
+    Modes (`LOSS_AGG_MODES`, registered above; `mode` is static):
       token-mean: sum(l*m) / sum(m).
       seq-mean-token-mean: mean over rows of sum_t(l*m) / sum_t(m).
       seq-mean-token-sum: mean over rows of sum_t(l*m).
@@ -38,19 +75,7 @@ def agg_loss(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
     The seq-mean modes average over rows that hold at least one loss token: fixed-shape batches carry
     padding rows (dropped by the filter) that RAGEN's variable-size batch never contains.
     """
-    check_choice("algo.loss_agg_mode", mode, LOSS_AGG_MODES)
-    mask = mask.astype(jnp.float32)
-    token_sum = (loss * mask).sum(-1)
-    token_count = mask.sum(-1)
-    has_tokens = (token_count > 0).astype(jnp.float32)
-    num_rows = jnp.maximum(has_tokens.sum(), 1.0)
-    if mode == "token-mean":
-        return token_sum.sum() / (token_count.sum() + 1e-8)
-    if mode == "seq-mean-token-mean":
-        return (token_sum / jnp.maximum(token_count, 1.0)).sum() / num_rows
-    if mode == "seq-mean-token-sum":
-        return token_sum.sum() / num_rows
-    return token_sum.sum() / loss.shape[-1]  # seq-mean-token-sum-norm
+    return LOSS_AGG_MODES.entry(mode).fn(loss, mask.astype(jnp.float32))
 
 
 def policy_loss(

@@ -22,10 +22,22 @@ from ragen_jax.filtering.postprocess import (
     permute_rows,
     soft_advantage_weights,
 )
-from ragen_jax.filtering.selection import group_scores, group_stats, select_groups
+from ragen_jax.filtering.selection import (
+    FILTER_METRICS,
+    FILTER_QUANTITIES,
+    FILTER_STRATEGIES,
+    group_scores,
+    group_stats,
+    register_filter_metric,
+    register_filter_strategy,
+    select_groups,
+)
 
 __all__ = [
     "EmptyStopState",
+    "FILTER_METRICS",
+    "FILTER_QUANTITIES",
+    "FILTER_STRATEGIES",
     "FilterResult",
     "RewardVarianceState",
     "ValidationSuccessState",
@@ -40,6 +52,8 @@ __all__ = [
     "group_stats",
     "kept_ratio",
     "permute_rows",
+    "register_filter_metric",
+    "register_filter_strategy",
     "reward_variance_base",
     "reward_variance_init",
     "reward_variance_update",

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.config import LOSS_SCALINGS, check_choice
+from ragen_jax.config import FILTER_METRICS, LOSS_SCALINGS, check_choice
 from ragen_jax.filtering.selection import ZERO_SCORE, group_scores, group_stats, select_groups
 
 SOFT_REWEIGHT_EPS = 1e-6
@@ -84,25 +84,22 @@ def soft_advantage_weights(group_std: jax.Array, group_mask: jax.Array) -> tuple
     return weights, metrics
 
 
-def _metric_family(metric: str) -> str:
-    return "length" if metric == "length" else metric.split("_")[0]  # reward | entropy | length
-
-
 def filter_metrics(
     values: jax.Array, scores: jax.Array, group_mask: jax.Array, metric: str
 ) -> dict[str, jax.Array]:
     """The filter's metrics with RAGEN's names (docs/filtering.md#filter-metrics), f32 scalars.
 
     `rollout/in_group_{std,max,mean}` (means over all groups) and `rollout/chosen_in_group_*` (over kept
-    groups, 0 when none) of the metric family's per-trajectory quantity; the family-named copies
-    `rollout/in_group_{reward,entropy,length}_*` (+ `_sum` for rewards); `rollout/filter_kept_count`
+    groups, 0 when none) of the metric's per-trajectory quantity; the copies named by that quantity (its registered
+    `quantity`), `rollout/in_group_{reward,entropy,length}_*` (+ `_sum` for rewards); `rollout/filter_kept_count`
     (groups), `rollout/filter_kept_ratio`, `rollout/filter_zero_count` (groups with |score| <= 1e-10)
     and `rollout/empty_after_filter`.
 
     Args:
-      values: f32[N, G] per-trajectory quantity; scores: f32[N] selection scores; group_mask: bool[N].
+      values: f32[N, G] per-trajectory quantity; scores: f32[N] selection scores; group_mask: bool[N];
+      metric: static, a `FILTER_METRICS` name.
     """
-    family = _metric_family(metric)
+    family = FILTER_METRICS.entry(metric).quantity  # reward | entropy | length
     stats = group_stats(values)
     names = ("std", "max", "mean", "sum") if family == "reward" else ("std", "max", "mean")
     kept = group_mask.astype(jnp.float32)

@@ -9,8 +9,17 @@ type, the top-p mode and `include_zero` are static.
 Deliberate difference: `top_k` computes `k = floor(value * N)` in float32 where RAGEN uses a Python
 float64 product; the two differ only when value * N lies within float32 rounding of an integer
 (e.g. 0.29 * 100 gives 29 here and 28 in Python).
+
+Filter metrics and strategies are registries (`FILTER_METRICS`, `FILTER_STRATEGIES`, declared in `ragen_jax.config`
+so that validation reads their names). A new filter metric is ONE function in this file, from per-trajectory
+values f32[N, G] to group scores f32[N], under `@register_filter_metric(name, quantity=..., min_group_size=...)`;
+a new strategy is one function under `@register_filter_strategy(name)`. Nothing else changes: config validation,
+`group_scores` / `select_groups`, the step (which feeds the `quantity`) and the filter metrics (named by it) read
+the registries (docs/filtering.md#adding-a-filter-metric-or-strategy).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,21 +43,53 @@ def group_stats(values: jax.Array) -> dict[str, jax.Array]:
     return {"std": jnp.sqrt(var), "max": values.max(1), "mean": mean, "sum": values.sum(1)}
 
 
+# The per-trajectory values a filter metric can score; train/step.py `_filter_values` computes them: the episode
+# score (rewards with format penalties, normalised), the mean token entropy over the loss mask, the loss-token count.
+FILTER_QUANTITIES = ("reward", "entropy", "length")
+
+
+def register_filter_metric(name: str, quantity: str, min_group_size: int = 1) -> Callable[[Callable], Callable]:
+    """Decorator registering `fn(values f32[N, G]) -> f32[N]` as the filter metric `name` (`filter.metric`).
+
+    quantity: which per-trajectory value `values` holds, one of FILTER_QUANTITIES; it also names the metric's
+      family in the filter metrics (`rollout/in_group_{quantity}_*`).
+    min_group_size: the smallest rollout.group_size the score means something for (2 for a spread).
+    """
+    if quantity not in FILTER_QUANTITIES:
+        raise ValueError(f"filter metric {name!r}: quantity {quantity!r} is not one of {FILTER_QUANTITIES}")
+    return FILTER_METRICS.register(name, quantity=quantity, min_group_size=min_group_size)
+
+
+def _group_std(values):
+    return group_stats(values)["std"]
+
+
+def _group_mean(values):
+    return group_stats(values)["mean"]
+
+
+def _group_sum(values):
+    return group_stats(values)["sum"]
+
+
+# RAGEN's metrics, in the order the errors list them (a new one: `@register_filter_metric(...)` on its function).
+register_filter_metric("reward_variance", quantity="reward", min_group_size=2)(_group_std)
+register_filter_metric("reward", quantity="reward")(_group_mean)
+register_filter_metric("reward_sum", quantity="reward")(_group_sum)
+register_filter_metric("entropy", quantity="entropy")(_group_mean)
+register_filter_metric("entropy_variance", quantity="entropy", min_group_size=2)(_group_std)
+register_filter_metric("length", quantity="length")(_group_mean)
+
+
 def group_scores(values: jax.Array, metric: str) -> jax.Array:
     """Selection score per group, f32[N], from per-trajectory values f32[N, G] (docs/filtering.md#group-scores).
 
-    metric: `reward_variance` / `entropy_variance` -> unbiased in-group std; `reward` / `entropy` /
-    `length` -> in-group mean; `reward_sum` -> in-group sum. `values` holds the quantity the metric
-    is about: episode rewards (incl. format penalty), mean token entropy over the loss mask, or the
-    number of loss tokens.
+    metric (static, a `FILTER_METRICS` name): `reward_variance` / `entropy_variance` -> unbiased in-group std;
+    `reward` / `entropy` / `length` -> in-group mean; `reward_sum` -> in-group sum. `values` holds the metric's
+    `quantity`: episode rewards (incl. format penalty), mean token entropy over the loss mask, or the number of
+    loss tokens.
     """
-    check_choice("filter.metric", metric, FILTER_METRICS)
-    stats = group_stats(values)
-    if metric in ("reward_variance", "entropy_variance"):
-        return stats["std"]
-    if metric == "reward_sum":
-        return stats["sum"]
-    return stats["mean"]
+    return FILTER_METRICS.entry(metric).fn(values)
 
 
 def _stable_order(candidate: jax.Array, key: jax.Array) -> jax.Array:
@@ -107,6 +148,42 @@ def _top_k(scores, candidate, num_candidates, k, largest):
     return _scatter_back(order, (position < k) & (position < num_candidates))
 
 
+# A filter strategy: fn(scores f32[N], candidate bool[N], value f32, largest, top_p_mode, eps) -> bool[N], the
+# groups to keep; `select_groups` ANDs the result with `candidate`. The static arguments are Python values
+# (`largest`: filter.type == "largest"); `value` and `eps` may be traced. `value_ok` / `value_rule` tell
+# `config.validate` which filter.value the strategy takes (default: a value in (0, 1]).
+register_filter_strategy = FILTER_STRATEGIES.register
+
+
+@register_filter_strategy("top_p")
+def _top_p(scores, candidate, value, largest, top_p_mode, eps):
+    if top_p_mode == "softmax":
+        partial = _top_p_softmax(scores, candidate, candidate.sum(), value, largest)
+    else:
+        partial = _top_p_linear(scores, candidate, value, largest, jnp.asarray(eps, jnp.float32))
+    return jnp.where(value >= 1.0, candidate, partial)
+
+
+@register_filter_strategy("top_k")
+def _top_k_fraction(scores, candidate, value, largest, top_p_mode, eps):
+    count = jnp.floor(value * scores.shape[0]).astype(jnp.int32)
+    return _top_k(scores, candidate, candidate.sum(), count, largest)
+
+
+@register_filter_strategy("top_k_abs", value_ok=lambda value: value >= 1, value_rule="an absolute group count >= 1")
+def _top_k_abs(scores, candidate, value, largest, top_p_mode, eps):
+    return _top_k(scores, candidate, candidate.sum(), jnp.floor(value).astype(jnp.int32), largest)
+
+
+@register_filter_strategy("min_p")
+def _min_p(scores, candidate, value, largest, top_p_mode, eps):
+    if largest:
+        best = jnp.where(candidate, scores, -jnp.inf).max()
+        return scores >= best * value - MIN_P_SLACK
+    best = jnp.where(candidate, scores, jnp.inf).min()
+    return scores <= best / (value + MIN_P_SLACK) + MIN_P_SLACK
+
+
 def select_groups(
     scores: jax.Array,
     strategy: str,
@@ -133,7 +210,7 @@ def select_groups(
 
     Args:
       scores: f32[N] group scores (see `group_scores`).
-      strategy: static, one of FILTER_STRATEGIES.
+      strategy: static, a FILTER_STRATEGIES name.
       value: p, fraction k, absolute k or min-p ratio; a scalar that may be traced.
       filter_type: static, "largest" or "smallest".
       include_zero: static; False removes ~zero scores from the candidates first.
@@ -142,32 +219,14 @@ def select_groups(
     Returns:
       bool[N] group mask.
     """
-    check_choice("filter.strategy", strategy, FILTER_STRATEGIES)
+    select = FILTER_STRATEGIES.entry(strategy).fn
     check_choice("filter.type", filter_type, FILTER_TYPES)
     check_choice("filter.top_p_mode", top_p_mode, TOP_P_MODES)
     scores = jnp.asarray(scores, jnp.float32)
     value = jnp.asarray(value, jnp.float32)
-    num_groups = scores.shape[0]
-    largest = filter_type == "largest"
     if include_zero:
-        candidate = jnp.ones(num_groups, bool)
+        candidate = jnp.ones(scores.shape[0], bool)
     else:
         candidate = jnp.abs(scores) > ZERO_SCORE
-    num_candidates = candidate.sum()
-
-    if strategy == "top_p":
-        if top_p_mode == "softmax":
-            partial = _top_p_softmax(scores, candidate, num_candidates, value, largest)
-        else:
-            partial = _top_p_linear(scores, candidate, value, largest, jnp.asarray(eps, jnp.float32))
-        keep = jnp.where(value >= 1.0, candidate, partial)
-    elif strategy in ("top_k", "top_k_abs"):
-        count = value * num_groups if strategy == "top_k" else value
-        keep = _top_k(scores, candidate, num_candidates, jnp.floor(count).astype(jnp.int32), largest)
-    elif largest:  # min_p
-        best = jnp.where(candidate, scores, -jnp.inf).max()
-        keep = scores >= best * value - MIN_P_SLACK
-    else:
-        best = jnp.where(candidate, scores, jnp.inf).min()
-        keep = scores <= best / (value + MIN_P_SLACK) + MIN_P_SLACK
+    keep = select(scores, candidate, value, filter_type == "largest", top_p_mode, eps)
     return keep & candidate

@@ -271,12 +271,12 @@ class TrainStep:
         return rows, kept, scores, metrics
 
     def _filter_values(self, scores, old_entropy, loss_mask) -> jax.Array:
-        """f32[B] per-trajectory quantity of `filter.metric`."""
-        metric = self.options.filter_metric
+        """f32[B] per-trajectory quantity of `filter.metric` (its registered `filtering.FILTER_QUANTITIES` one)."""
+        quantity = filtering.FILTER_METRICS[self.options.filter_metric].quantity
         tokens = loss_mask.sum(axis=1)
-        if metric.startswith("entropy"):
+        if quantity == "entropy":
             return (old_entropy * loss_mask).sum(axis=1) / jnp.maximum(tokens, 1.0)
-        return tokens if metric == "length" else scores
+        return tokens if quantity == "length" else scores
 
     def _advantages(self, token_rewards, values, loss_mask, kept: filtering.FilterResult, group_ids, hyper: Hyper,
                     num_groups: int):
