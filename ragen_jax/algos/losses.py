@@ -265,6 +265,14 @@ def entropy_from_logits(
     return logprobs_and_entropy(logits, targets, temperature, chunk_size)[1]
 
 
+def block_positions(rows: int, length: int, vocab: int, logits_chunk: int = DEFAULT_LOGITS_CHUNK) -> int:
+    """Positions c per block of `hidden_logprobs_and_entropy`: max(1, min(length, logits_chunk // (rows * vocab)))
+    (1 for an empty sequence: no blocks); a block holds float[rows, c, vocab] logits."""
+    if logits_chunk < 1:
+        raise ValueError(f"logits_chunk = {logits_chunk} is invalid: it must be a positive number of logits")
+    return max(1, min(length, logits_chunk // (rows * vocab)))
+
+
 def hidden_logprobs_and_entropy(
     unembed: Callable[[jax.Array], jax.Array],
     hidden: jax.Array,
@@ -290,11 +298,9 @@ def hidden_logprobs_and_entropy(
     Returns:
       (logp f32[B, T], entropy f32[B, T]).
     """
-    if logits_chunk < 1:
-        raise ValueError(f"logits_chunk = {logits_chunk} is invalid: it must be a positive number of logits")
     rows, length, _ = hidden.shape
     vocab = jax.eval_shape(unembed, hidden[:, :1]).shape[-1]
-    size = max(1, min(length, logits_chunk // (rows * vocab)))  # 1 for an empty sequence: no blocks
+    size = block_positions(rows, length, vocab, logits_chunk)
     blocks = -(-length // size)
     pad = blocks * size - length
 

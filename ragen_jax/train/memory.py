@@ -6,17 +6,19 @@
 
 Every size comes from the code that allocates the array, run under `jax.eval_shape`: parameters from
 `transformer.init_params` / `init_value_params`, AdamW states from `update.optimizer_init`, the KV cache from
-`kv_cache.init_cache`, logits from `transformer.apply`. Rows, by the phase of a step that holds them:
+`kv_cache.init_cache`, hidden states from `transformer.hidden_states`, a block of logits as
+`losses.block_positions` sizes it. Rows, by the phase of a step that holds them:
 
     resident       actor parameters (float32), actor AdamW (mu, nu float32 + count); with a critic
                    (algo.adv_estimator = "gae") its parameters and AdamW; with KL on (use_kl_loss or
                    use_kl_in_reward) the reference parameters
     rollout        KV cache [layers, B, kv heads, rollout.max_model_len, head dim] x (k, v), compute dtype,
                    B = num_groups x group_size
-    scoring        logits f32[B, L-1, V] (L = max_model_len): old (and reference) log-probs score the whole batch
-                   in one forward
-    actor update   gradients x 2 (the micro-batch accumulator and one micro-batch's gradient), logits and their
-                   cotangent f32[micro, L-1, V] x 2
+    scoring        final hidden states [B, L-1, D] (L = max_model_len) and one block of logits f32[B, c, V]: old
+                   (and reference) log-probs score the whole batch in one forward, unembedding c positions at a
+                   time (c = update.logits_chunk // (B x V), at least 1)
+    actor update   gradients x 2 (the micro-batch accumulator and one micro-batch's gradient), the micro-batch's
+                   hidden states and one block of logits, each with its cotangent
     critic update  critic gradients x 2
 
 Per device: a parameter-like leaf is split over the mesh's fsdp axis when `sharding.fsdp_spec` splits it (else
@@ -39,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import sharding
+from ragen_jax.algos import losses
 from ragen_jax.algos.presets import uses_critic, uses_reference
 from ragen_jax.models import kv_cache, transformer
 from ragen_jax.models.config import ModelConfig
@@ -162,14 +165,22 @@ def estimate(config, model_config: ModelConfig, num_devices: int) -> Estimate:
     cache = jax.eval_shape(functools.partial(kv_cache.init_cache, model_config, batch, length))
     rows.append(_batch_major("KV cache", ROLLOUT, cache.k, parts, copies=2, label="k, v: ", axis=1))
 
-    def logits(rows_at_once: int):
+    def hidden(rows_at_once: int):
         tokens = jax.ShapeDtypeStruct((rows_at_once, length - 1), jnp.int32)
-        return jax.eval_shape(functools.partial(transformer.apply, model_config), actor, tokens)
+        return jax.eval_shape(functools.partial(transformer.hidden_states, model_config), actor, tokens)
 
-    rows.append(_batch_major("logits, scoring pass", SCORING, logits(batch), parts))
+    def logits_block(rows_at_once: int):
+        size = losses.block_positions(rows_at_once, length - 1, model_config.vocab_size, update_config.logits_chunk)
+        states = hidden(rows_at_once)
+        block = jax.ShapeDtypeStruct((rows_at_once, size, states.shape[-1]), states.dtype)
+        return jax.eval_shape(functools.partial(transformer.logits_from_hidden, model_config), actor, block)
+
+    rows.append(_batch_major("hidden states, scoring pass", SCORING, hidden(batch), parts))
+    rows.append(_batch_major("logits block, scoring pass", SCORING, logits_block(batch), parts))
     rows.append(_param_like("actor gradients", "sum + micro-batch: 2 x f32 per parameter", ACTOR_UPDATE,
                             actor, fsdp, copies=2))
-    rows.append(_batch_major("logits + cotangent, micro-batch", ACTOR_UPDATE, logits(micro), parts, copies=2))
+    rows.append(_batch_major("hidden + cotangent, micro-batch", ACTOR_UPDATE, hidden(micro), parts, copies=2))
+    rows.append(_batch_major("logits block + cotangent", ACTOR_UPDATE, logits_block(micro), parts, copies=2))
     if critic is not None:
         rows.append(_param_like("critic gradients", "sum + micro-batch: 2 x f32 per parameter", CRITIC_UPDATE,
                                 critic, fsdp, copies=2))

@@ -43,14 +43,18 @@ def test_rows_equal_the_sizes_computed_by_hand():
     assert got["critic parameters"].size == 4 * (PARAMS + HIDDEN + 1)  # the same backbone (tied: no head) + value head
     assert "reference parameters" not in got
     assert got["KV cache"].size == 2 * LAYERS * batch * KV_HEADS * length * HEAD_DIM * 4  # k and v, float32 compute
-    assert got["logits, scoring pass"].size == batch * (length - 1) * VOCAB * 4
-    assert got["logits + cotangent, micro-batch"].size == 2 * micro * (length - 1) * VOCAB * 4
+    # scoring holds every position's hidden state but unembeds a block of 2^24 logits: 1 position of 128 rows at
+    # this vocabulary (2^24 < 128 x 151,936), 27 positions of a micro-batch's 4 rows (2^24 // (4 x 151,936))
+    assert got["hidden states, scoring pass"].size == batch * (length - 1) * HIDDEN * 4
+    assert got["logits block, scoring pass"].size == batch * 1 * VOCAB * 4
+    assert got["hidden + cotangent, micro-batch"].size == 2 * micro * (length - 1) * HIDDEN * 4
+    assert got["logits block + cotangent"].size == 2 * micro * 27 * VOCAB * 4
     assert got["actor gradients"].size == 2 * 4 * PARAMS
     assert all(row.per_device == row.size for row in est.rows)  # one device holds everything
     resident = sum(got[k].size for k in ("actor parameters", "actor AdamW", "critic parameters", "critic AdamW"))
     assert est.phase_bytes(memory.RESIDENT) == resident
-    assert est.peak_phase == memory.SCORING  # the whole-batch logits dominate at a 151,936-token vocabulary
-    assert est.peak_per_device == resident + got["logits, scoring pass"].size
+    assert est.peak_phase == memory.ROLLOUT  # with block scoring the KV cache is the largest phase
+    assert est.peak_per_device == resident + got["KV cache"].size
 
 
 def test_critic_and_reference_follow_the_algorithm():
@@ -72,8 +76,8 @@ def test_per_device_bytes_follow_the_mesh():
     # every 0.5B leaf has an even dimension, so fsdp = 2 halves the parameters and their optimizer moments
     assert got["actor parameters"].per_device == got["actor parameters"].size // 2
     assert got["KV cache"].per_device == got["KV cache"].size // 8  # 128 rows over data x fsdp = 8
-    assert got["logits, scoring pass"].per_device == got["logits, scoring pass"].size // 8
-    micro = got["logits + cotangent, micro-batch"]  # 4 rows do not split 8 ways: counted whole
+    assert got["hidden states, scoring pass"].per_device == got["hidden states, scoring pass"].size // 8
+    micro = got["logits block + cotangent"]  # 4 rows do not split 8 ways: counted whole
     assert micro.per_device == micro.size
 
 
@@ -83,6 +87,6 @@ def test_entry_point_prints_the_table(capsys):
     assert capsys.readouterr().out.strip() == table
     assert "memory estimate: qwen2.5-0.5b, algo ppo, env frozen_lake, 8 device(s)" in table
     assert "494,032,768 parameters" in table and "mesh: sweep 1 x data 4 x fsdp 2" in table
-    assert "f32[128, 3599, 151936]" in table and "estimated peak per device" in table
+    assert "f32[128, 3599, 896]" in table and "estimated peak per device" in table
     with pytest.raises(SystemExit, match="--devices=x: expected a whole number"):
         memory_cli.main(["memory", "--config=configs/frozen_lake.py", "--devices=x"])
