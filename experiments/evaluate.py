@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from experiments import cli
 from experiments.warm_start import starting_model
+from ragen_jax import compile_cache
 from ragen_jax import config as config_lib
 from ragen_jax import distributed
 from ragen_jax.diagnostics import cross_logprobs, sampling
@@ -104,6 +105,7 @@ def evaluation_program(config, parts, diagnostics: bool = True):
 def evaluate(config, temperatures=(0.5,), log=print, model=None, diagnostics: bool = True) -> dict[float, Evaluation]:
     """{temperature: Evaluation} of `model` ((parts, params), e.g. `trained_model(...)[:2]`), by default the model
     `config` starts RL from."""
+    compile_cache.enable(config.logging.compilation_cache)  # as a training run: a repeated evaluation loads it
     parts, params = model or starting_model(config, log)
     run = evaluation_program(config, parts, diagnostics)
     out = {}

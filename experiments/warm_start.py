@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 
+from ragen_jax import compile_cache
 from ragen_jax import config as config_lib
 from ragen_jax.models import hf, transformer
 from ragen_jax.train.build import build
@@ -34,6 +35,7 @@ def warm_start(config, out: str, log=print) -> str:
     """SFT `config.train.sft_steps` steps from the config's initial model; saves the result to `out`."""
     if config.train.sft_steps <= 0:
         raise config_lib.ConfigError("train.sft_steps", config.train.sft_steps, "a warm start needs at least 1 step")
+    compile_cache.enable(config.logging.compilation_cache)
     parts, params = starting_model(config, log)
     hf.save_pretrained(transformer.Model(parts.model_config, params), out)
     if log:
