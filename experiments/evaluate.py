@@ -46,7 +46,7 @@ from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import VALIDATION_TOP_P, run_keys
 from ragen_jax.train.metrics import to_floats
 from ragen_jax.train.step import TrainStep
-from ragen_jax.train.validation import Validator, validation_metrics
+from ragen_jax.train.validation import Validator
 
 SHOWN = ("success", "format_ok_rate", "episode_reward")
 EVAL_DIR = "eval"
@@ -88,9 +88,7 @@ def evaluation_program(config, parts, diagnostics: bool = True):
     d = config.diagnostics
 
     def run(params, temperature):
-        traj = validator.rollout(params, validator.key(), parts.env_params, temperature,
-                                 jnp.float32(VALIDATION_TOP_P))
-        metrics = validation_metrics(traj, validator.group_size, validator.tag)
+        traj, metrics = validator.run(params, parts.env_params, jnp.float32(VALIDATION_TOP_P), temperature)
         if diagnostics:
             score = functools.partial(cross_logprobs.cross_log_probs, parts.model_config, params,
                                       temperature=temperature, num_tiers=options.width_tiers)

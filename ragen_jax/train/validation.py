@@ -88,10 +88,12 @@ class Validator:
         """The rollout key of every evaluation (resets, generation and env steps derive from it)."""
         return jax.random.key(self.seed)
 
-    def run(self, params, env_params, top_p) -> tuple[Trajectory, dict[str, jax.Array]]:
+    def run(self, params, env_params, top_p, temperature=None) -> tuple[Trajectory, dict[str, jax.Array]]:
         """(the validation batch, its metrics): B = val_num_groups * val_group_size trajectories, for logging
-        sample generations as RAGEN does (`trainer.generations_to_log_to_wandb.val`)."""
-        traj = self.rollout(params, self.key(), env_params, jnp.float32(self.temperature), top_p)
+        sample generations as RAGEN does (`trainer.generations_to_log_to_wandb.val`). `temperature` (f32, may be
+        traced) replaces `rollout.val_temperature` (a constant of the compiled program)."""
+        temperature = jnp.float32(self.temperature) if temperature is None else temperature
+        traj = self.rollout(params, self.key(), env_params, temperature, top_p)
         return traj, validation_metrics(traj, self.group_size, self.tag)
 
     def __call__(self, params, env_params, top_p) -> dict[str, jax.Array]:
