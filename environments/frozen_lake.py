@@ -27,15 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from environments import registry
+from environments import axis_words, registry
 from environments.base import TextEnv
 from environments.pieces import PieceTable
 
 ACTIONS = ("Left", "Down", "Right", "Up")
 MOVES = np.array([(0, -1), (1, 0), (0, 1), (-1, 0)], np.int32)  # (d_row, d_col) per action
 SYMBOLS = {"player": "P", "frozen": "_", "hole": "O", "goal": "G", "player_in_hole": "X", "player_on_goal": "√"}
-ROW_WORDS = {-1: "up", 0: "same", 1: "down"}  # the description's word for the goal's side of the player
-COL_WORDS = {-1: "left", 0: "same", 1: "right"}
 PLAYER_LABELS = ("\nPlayer: ", "\nPlayer on goal: ", "\nPlayer in hole: ")
 INSTRUCTION = (
     "You are walking on a frozen lake. Reach the goal without falling into a hole. The observation gives "
@@ -234,13 +232,10 @@ class FrozenLake(TextEnv):
     def describe(self, s, rng):
         (pr, pc), (gr, gc) = divmod(int(s.pos), self.size), divmod(int(s.goal), self.size)
         n_holes = int(np.asarray(s.holes).sum())
-        # the observation's own labels: copying "Player: (r, c)" is plain induction for a small model; the closing
-        # "rows a to b: down, cols c to d: same." compares each axis from two adjacent numbers, which a from-scratch
-        # d64 x 2 model learns, where one move from four far-apart numbers it barely does (README "Learning at tiny
-        # scale"); the answer stays the model's own choice
+        # the observation's own labels (copying "Player: (r, c)" is plain induction for a small model), then the goal's
+        # side of the player on each axis; the answer stays the model's own choice
         templates = (f"Player: ({pr}, {pc}). Goal: ({gr}, {gc})",
                      f"Goal: ({gr}, {gc}). Player: ({pr}, {pc}). Holes: {n_holes}")
-        return (f"{templates[int(rng.integers(len(templates)))]}; rows {pr} to {gr}: {ROW_WORDS[np.sign(gr - pr)]}, "
-                f"cols {pc} to {gc}: {COL_WORDS[np.sign(gc - pc)]}.")
+        return f"{templates[int(rng.integers(len(templates)))]}; {axis_words.tail((pr, pc), (gr, gc))}"
 
 registry.register("frozen_lake", FrozenLake)

@@ -22,16 +22,12 @@ import re
 
 import numpy as np
 
-from environments.frozen_lake import COL_WORDS, ROW_WORDS
+from environments import axis_words
 
 POSITION = r"\((\d+), (\d+)\)"
 TAIL = re.compile(r"rows (\d+) to (\d+): (\w+), cols (\d+) to (\d+): (\w+)")
 MOVES = {("down", "same"): "Down", ("up", "same"): "Up", ("same", "right"): "Right", ("same", "left"): "Left"}
 COLUMNS = ("tail digits right", "words right", "words follow digits", "answer follows words", "success")
-
-
-def axis_words(row_from: int, row_to: int, col_from: int, col_to: int) -> tuple[str, str]:
-    return ROW_WORDS[int(np.sign(row_to - row_from))], COL_WORDS[int(np.sign(col_to - col_from))]
 
 
 def checks(transcript: dict) -> tuple[bool, ...]:
@@ -47,7 +43,7 @@ def checks(transcript: dict) -> tuple[bool, ...]:
     a, b, c, d = map(int, (a, b, c, d))
     words = (row_word, col_word)
     return ((a, b, c, d) == (player[0], goal[0], player[1], goal[1]),
-            words == axis_words(player[0], goal[0], player[1], goal[1]), words == axis_words(a, b, c, d),
+            words == axis_words.words(player, goal), words == axis_words.words((a, c), (b, d)),
             MOVES.get(words) == turn["answer"], bool(transcript["success"]))
 
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from environments import registry
+from environments import axis_words, registry
 from environments.base import TextEnv, TurnState
 from environments.pieces import PieceTable
 from environments.sokoban import dynamics
@@ -70,8 +70,8 @@ class Sokoban(TextEnv):
     """See the module docstring.
 
     Static args: `height`, `width`, `num_boxes` (room geometry), `attempts`, `reverse_steps`,
-    `search_capacity` (generator, see `Generator`), `max_moves` (length of `solve`'s move array); the
-    rest go to `TextEnv`.
+    `search_capacity`, `push_distance` (generator, see `Generator`), `max_moves` (length of `solve`'s move array);
+    the rest go to `TextEnv`.
     """
 
     Params = SokobanParams
@@ -79,10 +79,10 @@ class Sokoban(TextEnv):
 
     def __init__(self, tokenizer, *, height: int = 6, width: int = 6, num_boxes: int = 1, attempts: int | None = None,
                  reverse_steps: int | None = None, search_capacity: int = 4096, max_moves: int = 100,
-                 **base_kwargs):
+                 push_distance: int = 0, **base_kwargs):
         self.height, self.width, self.num_boxes = height, width, num_boxes
         self.generator = Generator(height, width, num_boxes, attempts=attempts, reverse_steps=reverse_steps,
-                                   search_capacity=search_capacity, max_moves=max_moves)
+                                   search_capacity=search_capacity, max_moves=max_moves, push_distance=push_distance)
         self.solver = Solver(height, width, num_boxes, max_moves=max_moves)
         self.solve_batch = jax.jit(jax.vmap(self.solve))
         cells = height * width
@@ -217,10 +217,14 @@ class Sokoban(TextEnv):
         boxes = [int(b) for b in np.sort(np.asarray(s.room.boxes))]
         open_boxes = [_coord(b, self.width) for b in boxes if fixed[b] != dynamics.TARGET] or ["none"]
         free_targets = [_coord(t, self.width) for t in np.flatnonzero(fixed == dynamics.TARGET) if t not in boxes]
-        # the observation's own labels, as FrozenLake's description
-        templates = (f"Player: {player}. Boxes: {_join(open_boxes)}. Targets: {_join(free_targets or ['none'])}.",
-                     f"Boxes: {_join(open_boxes)}. Player: {player}.")
-        return templates[int(rng.integers(len(templates)))]
+        # the observation's own labels, then on which side of the player the first open box lies on each axis, as
+        # FrozenLake's description does for its goal (the reasoning a from-scratch model can learn to act on)
+        templates = (f"Player: {player}. Boxes: {_join(open_boxes)}. Targets: {_join(free_targets or ['none'])}",
+                     f"Boxes: {_join(open_boxes)}. Player: {player}")
+        pr, pc = divmod(int(s.room.player), self.width)
+        first_open = [b for b in boxes if fixed[b] != dynamics.TARGET]
+        br, bc = divmod(first_open[0], self.width) if first_open else (pr, pc)
+        return f"{templates[int(rng.integers(len(templates)))]}; {axis_words.tail((pr, pc), (br, bc))}"
 
 
 registry.register("sokoban", Sokoban)

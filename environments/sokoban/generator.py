@@ -8,7 +8,12 @@ Follows gym-sokoban's recipe (docs/environments.md#sokoban) with the search repl
      walks away from it, keeping the visited state with the best gym score
      `box swaps * sum of box-to-own-target Manhattan distances` (0 while a target is covered);
   4. 0-3 random extra player steps (gym-sokoban/RAGEN `add_random_player_movement`).
-Reverse play only makes legal moves backwards, so every level is solvable. `attempts` candidates are
+Reverse play only makes legal moves backwards, so every level is solvable.
+
+`push_distance` k > 0 (static, one box only; our addition for small-scale curricula, as FrozenLake's
+`goal_distance`) replaces steps 3-4: the box starts k cells from its target along a uniformly chosen direction
+whose k + 1 cells behind the target are floor, with the player right behind the box, so k pushes in that
+direction are the optimal solution. `attempts` candidates are
 built in parallel; among those with score > 0 (no box on a target, hence not solved) and, when
 `min_solution_length` > 1, an optimal solution (BFS solver) at least that long, the best-scoring one is
 returned (gym-sokoban also keeps the best score of its search). If none qualifies, a fixed fallback room
@@ -187,6 +192,38 @@ def random_player_steps(words: jax.Array, room: dynamics.Room, displacement: jax
     return room.replace(player=player)
 
 
+def push_line(words: jax.Array, room: dynamics.Room, push_distance: int) -> tuple[dynamics.Room, jax.Array]:
+    """The solved one-box `room` unpushed by `push_distance` k: a direction drawn uniformly from
+    words: uint32[1] among those whose k + 1 cells behind the target are floor; the box moves k cells back along it
+    and the player stands right behind the box. Returns (room, valid bool[]: some direction had the room)."""
+    flat_fixed = room.fixed.reshape(-1)
+    target = room.boxes[0]
+    height, width = room.fixed.shape
+    row, col = dynamics.row_col(target, width)
+    back = -jnp.asarray(dynamics.DIRECTIONS)  # [4, 2]: from the target away from the push
+    steps = jnp.arange(1, push_distance + 2)  # the box's k cells back, then the player's
+    rows, cols = row + back[:, :1] * steps, col + back[:, 1:] * steps  # [4, k + 1]
+    inside = (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)
+    cells = jnp.clip(rows, 0, height - 1) * width + jnp.clip(cols, 0, width - 1)
+    open_line = jnp.all(inside & (flat_fixed[cells] != dynamics.WALL), axis=1)  # [4]
+    noise = (words[0] >> (8 * jnp.arange(4, dtype=jnp.uint32))) & 0xFF
+    direction = jnp.argmax(jnp.where(open_line, noise.astype(jnp.int32), -1))  # uniform among the open lines
+    room = room.replace(boxes=cells[direction, push_distance - 1][None], player=cells[direction, push_distance])
+    return room, jnp.any(open_line)
+
+
+def fallback_push_room(height: int, width: int, push_distance: int) -> tuple[dynamics.Room, list[int]]:
+    """A fixed one-box room solved by `push_distance` pushes Right along row 1: player (1, 1), box (1, 2), target
+    (1, 2 + push_distance); and that solution."""
+    right = 3
+    fixed = np.full((height, width), dynamics.WALL, np.int32)
+    fixed[1, 1 : width - 1] = dynamics.FLOOR
+    fixed[1, 2 + push_distance] = dynamics.TARGET
+    room = dynamics.Room(fixed=jnp.asarray(fixed), boxes=jnp.asarray([width + 2], jnp.int32),
+                         player=jnp.asarray(width + 1, jnp.int32))
+    return room, [right] * push_distance
+
+
 def fallback_room(height: int, width: int, num_boxes: int) -> tuple[dynamics.Room, list[int]]:
     """A fixed solvable, unsolved room and an optimal solution (directions 0..3).
 
@@ -238,13 +275,19 @@ class Generator:
         (static); a candidate whose search overflows it is rejected. Bounds that check's memory
         (int32[3 * capacity + states] per attempt) and its worst-case time.
       max_moves: length of `Level.moves` (static).
+      push_distance: when > 0 (static; num_boxes 1), every level is that many pushes in a line (module doc).
 
     `generator(key, min_solution_length) -> (room, accepted)` is what env resets use;
     `generator.level(key, min_solution_length) -> Level` adds the optimal solution.
     """
 
     def __init__(self, height: int, width: int, num_boxes: int, attempts: int | None = None,
-                 reverse_steps: int | None = None, search_capacity: int = 4096, max_moves: int = 100):
+                 reverse_steps: int | None = None, search_capacity: int = 4096, max_moves: int = 100,
+                 push_distance: int = 0):
+        if push_distance < 0 or (push_distance and (num_boxes != 1 or width < push_distance + 4)):
+            raise ValueError(f"Generator: push_distance must be >= 0, and when > 0 needs one box and width >= "
+                             f"push_distance + 4 (the fallback row); got push_distance={push_distance}, {num_boxes} "
+                             f"boxes, width {width}")
         if height < 5 or width < 2 * num_boxes + 2 or num_boxes < 1:
             raise ValueError(
                 f"Generator: need height >= 5, width >= 2 * num_boxes + 2, num_boxes >= 1 (the fallback room); got "
@@ -259,7 +302,11 @@ class Generator:
         self.walk_steps = int(1.7 * (height + width))
         self.solver = Solver(height, width, num_boxes, max_moves=max_moves, queue_capacity=search_capacity)
         self.exact_solver = Solver(height, width, num_boxes, max_moves=max_moves)
-        self.fallback, _ = fallback_room(height, width, num_boxes)
+        self.push_distance = push_distance
+        if push_distance:
+            self.fallback, _ = fallback_push_room(height, width, push_distance)
+        else:
+            self.fallback, _ = fallback_room(height, width, num_boxes)
         self.noise_words = self.walk_steps + 2 + height * width + -(-self.reverse_steps // 16) + 1 + 3 * EXTRA_MOVES
 
     def candidate(self, words: jax.Array) -> tuple[dynamics.Room, jax.Array]:
@@ -275,6 +322,9 @@ class Generator:
         player, boxes, enough_floor = place_player_and_boxes(place, floor, self.num_boxes)
         fixed = jnp.where(floor, dynamics.FLOOR, dynamics.WALL).reshape(-1).at[boxes].set(dynamics.TARGET)
         solved_room = dynamics.Room(fixed=fixed.reshape(height, width).astype(jnp.int32), boxes=boxes, player=player)
+        if self.push_distance:
+            room, valid = push_line(extra, solved_room, self.push_distance)
+            return room, (enough_floor & valid).astype(jnp.int32)
         room, score, displacement = reverse_play(reverse, solved_room, self.reverse_steps)
         room = random_player_steps(extra, room, displacement)
         return room, jnp.where(enough_floor, score, 0)

@@ -53,3 +53,29 @@ def test_a_state_without_an_oracle_answer_gets_a_random_one():
         env.oracle(jax.tree.map(lambda x: x[0], stuck), np.random.default_rng(0))
     demos = env.demonstrations(stuck, np.random.default_rng(0), oracle_prob=1.0)
     assert len(rows) >= 2 and all(d is not None and set(d[1].split(" || ")) <= set(env.action_words) for d in demos)
+
+
+# env (and its kwargs) -> the observation's label of the cell the reasoning's axis tail is about
+TAIL_TARGET = {("frozen_lake", ()): "Goal", ("sokoban", (("push_distance", 1),)): "Boxes"}
+CELL = r": \((\d), (\d)\)"
+
+
+@pytest.mark.parametrize("name,kwargs", sorted(TAIL_TARGET))
+def test_reasoning_tail_says_where_the_cell_lies_on_each_axis(name, kwargs):
+    """The grid envs' reasoning ends "rows a to b: down, cols c to d: same." from the player to the goal (FrozenLake) or
+    the box (Sokoban), checked against the coordinates of the observation text; in one-push Sokoban rooms the
+    side named is the push that solves the room."""
+    tokenizer = builtin()
+    env, params = make_env(name, tokenizer, **dict(kwargs))
+    _, state = batched(env).reset(jax.random.split(jax.random.key(2), BATCH), params)
+    sides = {(-1, 0): "Up", (1, 0): "Down", (0, -1): "Left", (0, 1): "Right"}
+    words = {-1: ("up", "left"), 0: ("same", "same"), 1: ("down", "right")}
+    for text, (reasoning, answer) in zip(env.render_texts(state), env.demonstrations(state, np.random.default_rng(3), 1.0)):
+        player = [int(x) for x in re.search("Player" + CELL, text).groups()]
+        cell = [int(x) for x in re.search(TAIL_TARGET[name, kwargs] + CELL, text).groups()]
+        sign = np.sign(np.subtract(cell, player)).tolist()
+        expected = (f"rows {player[0]} to {cell[0]}: {words[sign[0]][0]}, "
+                    f"cols {player[1]} to {cell[1]}: {words[sign[1]][1]}.")
+        assert reasoning.endswith(expected), (reasoning, text)
+        if kwargs:
+            assert answer == sides[tuple(sign)]

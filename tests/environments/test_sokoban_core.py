@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from environments.sokoban import dynamics
-from environments.sokoban.generator import Generator, fallback_room
+from environments.sokoban.generator import Generator, fallback_push_room, fallback_room
 from environments.sokoban.solver import Solver
 
 GEOMETRIES = {"6x6x1": (6, 6, 1, 1000), "8x8x2": (8, 8, 2, 1000)}
@@ -224,6 +224,33 @@ def test_fallback_room_and_its_solution(height, width, num_boxes):
     gym = GymSokoban(codes)
     results = [gym.step(m) for m in moves]
     assert results[-1][1] and not any(r[1] for r in results[:-1])
+
+
+@pytest.mark.parametrize("push_distance", [1, 2])
+def test_push_distance_levels_are_that_many_pushes_in_a_line(push_distance):
+    """push_distance k: the player stands right behind the box, k cells from its target along a line; the Python
+    BFS finds k moves optimal, and the reference rules solve the room by k pushes that way and not before; every
+    direction occurs."""
+    generator = Generator(6, 6, 1, push_distance=push_distance)
+    levels = jax.device_get(jax.jit(jax.vmap(generator))(jax.random.split(jax.random.key(3), 200)))
+    rooms, accepted = levels
+    codes, directions = [np_codes(take(rooms, i)) for i in range(len(accepted))], []
+    for i in range(len(accepted)):
+        (player,), (box,) = np.argwhere(codes[i] == 5), np.argwhere(codes[i] == 4)
+        (target,) = np.argwhere(np.isin(codes[i], (2, 3)))
+        step = box - player
+        assert np.abs(step).sum() == 1 and (target == box + push_distance * step).all()
+        direction = DELTAS.index(tuple(step))
+        assert python_bfs(codes[i]) == push_distance
+        gym = GymSokoban(codes[i])
+        solved = [gym.step(direction)[1] for _ in range(push_distance)]
+        assert solved == [False] * (push_distance - 1) + [True]
+        directions.append(direction)
+    assert sorted(set(directions)) == [0, 1, 2, 3] and accepted.mean() > 0.9
+    fallback, moves = fallback_push_room(6, 6, push_distance)
+    assert python_bfs(np_codes(fallback)) == len(moves) == push_distance
+    with pytest.raises(ValueError, match="push_distance"):
+        Generator(6, 6, 2, push_distance=1)
 
 
 # ----------------------------------------------------------------------------- dynamics vs gym-sokoban rules
