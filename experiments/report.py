@@ -5,6 +5,7 @@
     .venv/bin/python -m experiments.report runs/demo        # the same
     ragen-report runs/sweep                                 # a sweep folder (sweep.json): one line per member
     ragen-report runs/sweep --group-by filter.value         # mean +- std over the seeds
+    ragen-report runs/a runs/b --group-by sweep --out x.png # several sweeps pooled: one group per folder
 
 With `--group-by` it also prints the summary and Spearman tables and, where the runs hold them, writes the
 four-regime scatter (`report_regimes.png`), the gradient norms by reward-variance bucket (a table and
@@ -97,8 +98,20 @@ def plot_members(members: dict[str, list[dict]], out: str) -> str:
 
 
 def member_values(name: str) -> dict[str, str]:
-    """{key: value} of a sweep member's name `key=value,key=value` (`ragen_jax.train.sweep` names members so)."""
-    return dict(part.split("=", 1) for part in name.split(","))
+    """{key: value} of a sweep member's name `key=value,key=value` (`ragen_jax.train.sweep` names members so); a
+    member of several sweep folders, `folder/key=value,...`, also has the key `sweep` (the folder's name)."""
+    folder, _, name = name.rpartition("/")
+    return {**({"sweep": folder} if folder else {}), **dict(part.split("=", 1) for part in name.split(","))}
+
+
+def pooled_members(folders: list[str]) -> dict[str, list[dict]]:
+    """{member name: rows} of one sweep folder, or of several, named `folder/member` (folder: its base name)."""
+    if len(folders) == 1:
+        return metrics_lib.sweep_rows(folders[0])
+    names = [os.path.basename(os.path.normpath(f)) for f in folders]
+    if len(set(names)) < len(names):
+        raise SystemExit(f"report: sweep folders need distinct names, got {names}")
+    return {f"{n}/{member}": rows for n, f in zip(names, folders) for member, rows in metrics_lib.sweep_rows(f).items()}
 
 
 def group_members(members: dict[str, list[dict]], key: str) -> dict[str, list[list[dict]]]:
@@ -107,8 +120,8 @@ def group_members(members: dict[str, list[dict]], key: str) -> dict[str, list[li
     keys = key.split(",")
     groups: dict[str, list[list[dict]]] = {}
     for name, rows in members.items():
-        values = member_values(name)
-        groups.setdefault(",".join(f"{k}={values[k]}" for k in keys), []).append(rows)
+        values = member_values(name)  # a key one pooled folder did not sweep: its config's own value, unnamed
+        groups.setdefault(",".join(f"{k}={values.get(k, 'fixed')}" for k in keys), []).append(rows)
     return groups
 
 
@@ -316,21 +329,26 @@ def plot_heatmap(groups: dict[str, list[list[dict]]], key: str, out: str) -> str
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("metrics", help="a run's workdir or metrics.jsonl, or a sweep folder")
+    parser.add_argument("metrics", nargs="+",
+                        help="a run's workdir or metrics.jsonl, or one or several sweep folders (pooled: their "
+                             "members grouped by any key, `sweep` for the folder; the Spearman table over all)")
     parser.add_argument("--out", default=None, help="PNG path (default: report.png in the run or sweep folder)")
     parser.add_argument("--group-by", default=None,
                         help="a sweep key (e.g. filter.value), or several comma-separated: one line per value, mean "
                              "and std over the other axes")
     args = parser.parse_args(None if argv is None else argv[1:])
-    if metrics_lib.is_sweep(args.metrics):
-        members = metrics_lib.sweep_rows(args.metrics)
+    if len(args.metrics) > 1 and not (args.group_by and all(map(metrics_lib.is_sweep, args.metrics))):
+        raise SystemExit("report: several folders must all be sweep folders, with --group-by")
+    if metrics_lib.is_sweep(args.metrics[0]):
+        members, folder = pooled_members(args.metrics), args.metrics[0]
         if args.group_by:
             groups = group_members(members, args.group_by)
-            out = args.out or os.path.join(args.metrics, f"report_by_{args.group_by}.png")
+            out = args.out or os.path.join(folder, f"report_by_{args.group_by}.png")
             print(summary_table(groups))
             print(spearman_table(list(members.values())))
             print(f"wrote {plot_groups(groups, out)}")
-            runs, stem = list(members.values()), os.path.join(args.metrics, "report")
+            runs = list(members.values())
+            stem = os.path.splitext(args.out)[0] if args.out else os.path.join(folder, "report")
             if len(validated_points(runs, (REGIME_X, REGIME_Y))):
                 print(f"wrote {plot_regimes(runs, stem + '_regimes.png')}")
             if bucket_names(runs):
@@ -339,14 +357,15 @@ def main(argv: list[str] | None = None) -> None:
             if args.group_by.startswith("filter."):
                 print(f"wrote {plot_heatmap(groups, '{env}/success', stem + f'_heatmap_{args.group_by}.png')}")
             return
-        out = args.out or os.path.join(args.metrics, "report.png")
+        out = args.out or os.path.join(folder, "report.png")
         print(f"wrote {plot_members(members, out)}")
         for name in members:
-            print_transcripts(os.path.join(args.metrics, name), f"# {name}")
+            print_transcripts(os.path.join(folder, name), f"# {name}")
         return
-    folder = args.metrics if os.path.isdir(args.metrics) else os.path.dirname(os.path.abspath(args.metrics))
+    path = args.metrics[0]
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     out = args.out or os.path.join(folder, "report.png")
-    print(f"wrote {plot(read_metrics(args.metrics), out)}")
+    print(f"wrote {plot(read_metrics(path), out)}")
     print_transcripts(folder)
 
 

@@ -93,3 +93,36 @@ def test_groups_by_two_keys_pool_only_the_remaining_axis():
     assert list(groups) == ["filter.value=0.5,algo.entropy_coeff=0.001", "filter.value=0.5,algo.entropy_coeff=0.05",
                             "filter.value=1.0,algo.entropy_coeff=0.001", "filter.value=1.0,algo.entropy_coeff=0.05"]
     assert all(len(runs) == 2 for runs in groups.values())
+
+
+def test_several_sweep_folders_pool_their_members(tmp_path, capsys):
+    """Two sweep folders (written as ragen_jax.train.sweep writes them) pooled by `report.py A B --group-by sweep`:
+    one group per folder, the Spearman table over every member's validated rows, one figure where --out says."""
+    import json
+
+    from ragen_jax.train.metrics import MetricsWriter
+
+    def sweep(name, members):
+        folder = tmp_path / name
+        for member, member_rows in members.items():
+            with MetricsWriter(str(folder / member), tensorboard=False) as writer:
+                for row in member_rows:
+                    writer.write(row["step"], {k: v for k, v in row.items() if k != "step"})
+        (folder / "sweep.json").write_text(json.dumps({"names": list(members)}))
+        return str(folder)
+
+    diag = "collapse_first_turn_sample/mi_zscore"
+    with_diag = lambda a, b, z: [{**r, diag: z} if "val-env/bandit/success" in r else r for r in rows(a, b)]  # noqa
+    a = sweep("kl", {"train.seed=0": with_diag(0.1, 0.6, 1.0), "train.seed=1": with_diag(0.2, 0.8, 3.0)})
+    b = sweep("nokl", {"filter.value=1.0,train.seed=0": with_diag(0.3, 0.4, 2.0)})
+    members = report.pooled_members([a, b])
+    assert list(members) == ["kl/train.seed=0", "kl/train.seed=1", "nokl/filter.value=1.0,train.seed=0"]
+    groups = report.group_members(members, "sweep,filter.value")
+    assert {k: len(v) for k, v in groups.items()} == {"sweep=kl,filter.value=fixed": 2,
+                                                      "sweep=nokl,filter.value=1.0": 1}
+    report.main(["report", a, b, "--group-by", "sweep", "--out", str(tmp_path / "pooled.png")])
+    out = capsys.readouterr().out
+    success = [0.1, 0.6, 0.2, 0.8, 0.3, 0.4]  # (validation success, z-score) of the six validated rows
+    expected = report.spearman(success, [1.0, 1.0, 3.0, 3.0, 2.0, 2.0])
+    assert f"| first-turn MI z-score | {expected:+.2f} | 6 |" in out
+    assert os.path.getsize(tmp_path / "pooled.png") > 10_000
