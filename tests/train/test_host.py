@@ -1,17 +1,22 @@
 """The host loop's files (`train.host.RunFiles`): closed on any exit, so a run that fails mid-way leaves its newest
-checkpoint loadable and its metrics on disk, and the same run started again resumes from it."""
+checkpoint loadable and its metrics on disk, and the same run started again resumes from it; the host loop
+(`train.loop.HostLoop`) keeps them so for a sweep too."""
 from __future__ import annotations
 
 import io
 import os
 
 import flax
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import base
+from ragen_jax import sharding
 from ragen_jax.algos import presets
+from ragen_jax.train import sweep as sweep_lib
+from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.host import RunFiles
 from ragen_jax.train.metrics import read_metrics
 
@@ -79,3 +84,44 @@ def test_progress_is_a_bar_with_the_step_postfix_on_a_terminal_and_one_line_per_
         progress.update(steps[0], "step 2 | ...")
         progress.write("early stop at step 2")
     assert progress.bar is None and plain.getvalue() == "" and lines == ["step 2 | ...", "early stop at step 2"]
+
+
+class FailingSweep(sweep_lib.Sweep):
+    """A sweep whose step only counts (nothing compiles but that) and fails on its `fail_at`-th call."""
+
+    fail_at, calls = None, 0
+
+    def step_fn(self, abstract_state):
+        def step(state, *_):
+            return state.replace(step=state.step + 1), {"rollout/filter_kept_count": jnp.ones(self.size)}
+        return jax.jit(step, out_shardings=(self.state_sharding(abstract_state), sharding.replicated(self.mesh)),
+                       donate_argnums=0)
+
+    def step_args(self, stopped):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError(f"step {self.calls} failed")
+        return super().step_args(stopped)
+
+
+def test_a_sweep_that_fails_mid_run_leaves_a_loadable_checkpoint_and_closed_files(tmp_path):
+    config = presets.apply_overrides(base.get_config(), {
+        "env.name": "bandit", "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
+        "model.num_kv_heads": 1, "model.mlp_dim": 64, "train.sft_steps": 0, "train.total_steps": 3,
+        "train.test_freq": 0, "logging.samples_every": 0, "mesh.sweep": 2, "checkpoint.save_freq": 1,
+        "checkpoint.dir": str(tmp_path / "ckpt"), "logging.dir": str(tmp_path), "logging.tensorboard": False})
+    points = [{"train.seed": 0}, {"train.seed": 1}]
+    failing = FailingSweep(config, points, log=None)
+    failing.fail_at = 2
+    with pytest.raises(RuntimeError, match="step 2 failed"):
+        failing.run()
+    assert Checkpointer(str(tmp_path / "ckpt")).all_steps() == [1]  # the asynchronous save completed
+    for name in failing.names:
+        assert [r["step"] for r in read_metrics(tmp_path / name)] == [1]
+
+    lines = []
+    state, histories = FailingSweep(config, points, log=lines.append).run()  # the same sweep again: resumes
+    assert f"resumed from step 1 in {tmp_path / 'ckpt'}" in lines and int(state.step) == 3
+    assert [[r["rollout/filter_kept_count"] for r in h] for h in histories] == [[1.0, 1.0]] * 2
+    for name in failing.names:
+        assert [r["step"] for r in read_metrics(tmp_path / name)] == [1, 2, 3]
