@@ -16,6 +16,11 @@ Saving is asynchronous: `save` returns once the arrays are copied off the device
 state to the next step right away; the files are written in a background thread and complete at the next
 `save`, `wait()` or `close()`.
 
+A save that cannot be written (the disk full, the folder gone) raises `CheckpointWriteError`, one line naming the
+step, the folder and the newest complete step, when it surfaces (`save`, `wait` or `close`); orbax writes each step
+into a temporary folder renamed only once complete, so the earlier steps stay loadable and a resumed run never sees
+the cut one.
+
 Restoring needs an abstract target of the state (arrays or `jax.ShapeDtypeStruct`s, with shardings where the
 state is sharded): it gives the pytree structure back (optax NamedTuples instead of lists, flax dataclasses,
 None fields stay None), the dtypes and the placement. Before reading any array the checkpoint's metadata is
@@ -24,9 +29,10 @@ dtype (orbax would otherwise cast dtypes silently).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import orbax.checkpoint as ocp
@@ -35,6 +41,10 @@ from ragen_jax.errors import UserInputError
 
 STATE, EXTRA = "state", "extra"
 _MAX_LISTED = 8  # differing paths named in a structure-mismatch error
+
+
+class CheckpointWriteError(UserInputError):
+    """A checkpoint could not be written (an OSError such as a full disk); the message names the step and folder."""
 
 
 class Checkpointer:
@@ -60,6 +70,19 @@ class Checkpointer:
         # Handlers named up front, so that a fresh manager (a resumed run) can read metadata before any save.
         handlers = {STATE: ocp.StandardCheckpointHandler(), EXTRA: ocp.JsonCheckpointHandler()}
         self._manager = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
+        self._writing: int | None = None  # the newest step whose save was started
+
+    @contextlib.contextmanager
+    def _writes(self) -> Iterator[None]:
+        """Re-raises an OSError of an (asynchronous) write as CheckpointWriteError, once."""
+        try:
+            yield
+        except OSError as error:
+            step, self._writing = self._writing, None
+            complete = [s for s in self._manager.all_steps() if s != step]
+            newest = f"step {max(complete)}" if complete else "none"
+            raise CheckpointWriteError(f"checkpoint step {step} could not be written to {self.directory}: {error} "
+                                       f"(the newest complete checkpoint: {newest})") from error
 
     # ------------------------------------------------------------------------------------------ saving
     def should_save(self, step: int, force: bool = False) -> bool:
@@ -77,8 +100,12 @@ class Checkpointer:
         if not self.should_save(step, force):
             return False
         args = ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), EXTRA: ocp.args.JsonSave(extra)})
-        # The decision is ours (should_save); orbax's own policy would also save the first step of a run.
-        return self._manager.save(step, args=args, force=True)
+        with self._writes():  # the previous save completes here
+            self._manager.wait_until_finished()
+        self._writing = step
+        with self._writes():
+            # The decision is ours (should_save); orbax's own policy would also save the first step of a run.
+            return self._manager.save(step, args=args, force=True)
 
     def clear(self) -> None:
         """Deletes every saved step (a run that starts over in this directory: old steps would block its saves)."""
@@ -88,11 +115,13 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until every started save is on disk."""
-        self._manager.wait_until_finished()
+        with self._writes():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for pending saves and releases orbax's threads."""
-        self._manager.close()
+        with self._writes():
+            self._manager.close()
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -1,16 +1,20 @@
 """Checkpointer: which steps are kept, bitwise round trip of a real TrainState (optax NamedTuples, None fields,
 int/bool leaves, shardings), the JSON extra, donation right after an asynchronous save, and early errors."""
+import errno
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ragen_jax.diagnostics import sampling
 from ragen_jax.models import ModelConfig
 from ragen_jax.models.transformer import init_params, init_value_params
-from ragen_jax.train.checkpoint import Checkpointer
+from ragen_jax.train.checkpoint import Checkpointer, CheckpointWriteError
 from ragen_jax.train.step import TrainState
 from ragen_jax.train.update import UpdateConfig, optimizer_init
 
@@ -148,3 +152,30 @@ def test_bad_arguments_fail_early(tmp_path, base_state):
         with pytest.raises(TypeError, match=r"extra\['seed'\]"):
             ckpt.save(1, base_state, {"seed": np.int64(3)})
         assert ckpt.all_steps() == []
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, base_state, monkeypatch):
+    """The disk fills while step 2 is written (simulated: its JSON item's write raises ENOSPC after the arrays'
+    write began): the error surfaces once, as one line naming the step, the folder and the newest complete step; the
+    cut save stays a temporary folder, and a new Checkpointer (a restarted run) lists and restores step 1 exactly."""
+    directory = str(tmp_path / "ckpt")
+
+    async def disk_full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ckpt = Checkpointer(directory, save_every=1)
+    ckpt.save(1, state_at(base_state, 1), {"step": 1})
+    ckpt.wait()
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "async_save", disk_full)
+    with pytest.raises(CheckpointWriteError) as error:  # raised by the save or, once asynchronous, the next wait
+        ckpt.save(2, state_at(base_state, 2), {"step": 2})
+        ckpt.wait()
+    assert str(error.value) == (f"checkpoint step 2 could not be written to {directory}: [Errno 28] No space left on "
+                                "device (the newest complete checkpoint: step 1)")
+    ckpt.close()  # reported once
+    monkeypatch.undo()
+    assert any(name.startswith("2.") and "tmp" in name for name in os.listdir(directory))
+    with Checkpointer(directory) as restarted:
+        assert restarted.all_steps() == [1]
+        state, extra = restarted.restore_latest(jax.eval_shape(lambda: base_state))
+        assert_bitwise_equal(state, state_at(base_state, 1)) and extra == {"step": 1}
