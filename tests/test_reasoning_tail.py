@@ -1,12 +1,12 @@
-"""experiments/frozen_lake_reasoning.py on worked transcripts: a true tail, one whose digits are wrong but whose
-words follow them, and one without a tail."""
+"""experiments/reasoning_tail.py on worked transcripts: a true tail, one whose digits are wrong but whose words follow
+them, and one without a tail (FrozenLake); a Sokoban one about the box."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
 
-from experiments import frozen_lake_reasoning as fl
+from experiments import reasoning_tail as fl
 
 CHAT = ("<|user|>\nTurn 1:\nState:\nStart: (2, 0)\nGoal: (3, 0)\nPlayer: (2, 0)\nHoles: (1, 3)\n<|end|><|assistant|>"
         "<think>...")
@@ -33,3 +33,13 @@ def test_checks_and_table(tmp_path, capsys):
     np.testing.assert_allclose(table[0].mean(axis=0), [1 / 3, 1 / 3, 2 / 3, 1 / 3, 2 / 3])
     fl.main([str(tmp_path)])
     assert "| 10 | 1 | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 |" in capsys.readouterr().out
+
+
+def test_sokoban_tail_is_about_the_box():
+    chat = ("<|user|>\nTurn 1:\nState:\nCoordinates: \nBoard size: 6 rows x 6 cols (zero-indexed).\nTargets: (1, 3)"
+            "\nBoxes: (2, 3)\nPlayer: (3, 3)\nGrid Map: \n######\n<|end|><|assistant|><think>...")
+    true = {"chat": chat, "success": True, "turns": [{"reasoning": "Boxes: (2, 3). Player: (3, 3); rows 3 to 2: up, "
+                                                                   "cols 3 to 3: same.", "answer": "Up"}]}
+    assert fl.checks(true) == (True, True, True, True, True)
+    to_target = {**true, "turns": [{"reasoning": "rows 3 to 1: up, cols 3 to 3: same.", "answer": "Up"}]}
+    assert fl.checks(to_target)[:3] == (False, True, True)  # the words happen to agree, the digits name the target

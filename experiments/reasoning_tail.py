@@ -1,14 +1,16 @@
-"""Is a FrozenLake policy's reasoning still true to its input? Reads the validation transcripts of runs or sweeps
-(`samples/step_N.jsonl`, `logging.samples_every`) of the one-move rung (`configs/frozen_lake.py:tiny`, whose warm
-start ends its reasoning "rows a to b: down, cols c to d: same.") and prints, per transcript step over all runs:
+"""Is a grid policy's reasoning still true to its input? Reads the validation transcripts of runs or sweeps
+(`samples/step_N.jsonl`, `logging.samples_every`) of the one-move rungs (`configs/frozen_lake.py:tiny`,
+`configs/sokoban.py:tiny`, whose warm starts end their reasoning "rows a to b: down, cols c to d: same.",
+environments/axis_words.py) and prints, per transcript step over all runs:
 
-* tail digits right: a, b, c, d are the player's and the goal's row and column of the observation;
-* words right: the two axis words are the goal's true side of the player;
+* tail digits right: a, b, c, d are the player's and the cell's row and column of the observation (the cell: the
+  goal on FrozenLake, the box on Sokoban);
+* words right: the two axis words are the cell's true side of the player;
 * words follow digits: the words are the ones the reasoning's own digits imply;
 * answer follows words: the move is the one the reasoning's own words name (a single move: one axis "same");
 * success: of those trajectories.
 
-    .venv/bin/python experiments/frozen_lake_reasoning.py experiments/results/frozen_lake_filter [more folders]
+    .venv/bin/python experiments/reasoning_tail.py experiments/results/frozen_lake_filter [more folders]
 
 A transcript holds the validation batch's first rows (the same prompts at every step), so n is small: 4 per run.
 """
@@ -33,8 +35,9 @@ COLUMNS = ("tail digits right", "words right", "words follow digits", "answer fo
 def checks(transcript: dict) -> tuple[bool, ...]:
     """The COLUMNS of one trajectory's first turn (all False but success when its reasoning has no tail)."""
     observation = transcript["chat"][transcript["chat"].rindex("Turn 1:"):]
-    player = tuple(map(int, re.search("Player: " + POSITION, observation).groups()))
-    goal = tuple(map(int, re.search("Goal: " + POSITION, observation).groups()))
+    player = tuple(map(int, re.search("Player(?: on target)?: " + POSITION, observation).groups()))
+    goal = tuple(map(int, re.search(("Goal: " if "Goal: " in observation else "Boxes: ") + POSITION,
+                                    observation).groups()))
     turn = transcript["turns"][0] if transcript["turns"] else {"reasoning": "", "answer": ""}
     tail = TAIL.search(turn["reasoning"])
     if tail is None:
