@@ -171,7 +171,8 @@ def _logging() -> ml_collections.ConfigDict:
     c.every = 1  # write metrics every N steps
     c.tensorboard = True  # also write TensorBoard event files
     c.progress_bar = True  # a tqdm bar on a terminal console (else, and when off: one summary line per step)
-    c.samples_every = 10  # a few decoded validation trajectories to samples/step_N.jsonl every N steps (0 = never)
+    c.samples_every = 10  # a few decoded validation and training trajectories to samples/ every N steps (0 = never)
+    c.phase_timings = False  # run the step as 4 timed programs (timing_s/rollout, ...; train/phases.py), same metrics
     c.compilation_cache = "auto"  # persistent XLA cache folder ("auto": ~/.cache/ragen_jax/xla, "": off)
     return c
 

@@ -370,10 +370,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_transcripts(folder: str, heading: str | None = None) -> None:
-    """Prints the markdown of the newest transcripts in `folder`/samples (`train.transcripts`), if it holds any."""
-    found = transcripts.newest(folder)
-    if found is not None:
-        print("\n".join(([heading, ""] if heading else []) + [transcripts.markdown(*found)]))
+    """Prints the markdown of the newest validation and training-batch transcripts in `folder`/samples
+    (`train.transcripts.report`), if it holds any."""
+    text = transcripts.report(folder)
+    if text is not None:
+        print("\n".join(([heading, ""] if heading else []) + [text]))
 
 
 if __name__ == "__main__":

@@ -15,14 +15,17 @@ an uninterrupted one exactly. The files, the resume-or-start decision and the co
 a resumed one does not.
 
 Every `logging.samples_every` steps (step 0 included) the validation rollout's first trajectories are decoded to
-`<logging.dir>/samples/step_N.jsonl` (`train.transcripts`; the rollout runs once for a step that also validates).
+`<logging.dir>/samples/step_N.jsonl` (`train.transcripts`; the rollout runs once for a step that also validates), and
+the training batch's first ones, which the step returns beside its metrics, to `samples/train_step_N.jsonl`.
 Timings and throughput, RAGEN's families, in each step's row: `timing_s/step` (the compiled step, until its outputs
 are ready), `timing_s/testing` (the validation rollout, transcripts included), and on the process's first call of
 each program `timing_s/lower_step` / `timing_s/compile_step` (and `_testing`): tracing + lowering, and XLA's
 compilation, timed apart by compiling ahead of time (`train.host.Timed`); `perf/generated_tokens` and
-`perf/generated_tokens_per_s` (over `timing_s/step`). The persistent compilation cache
-(`logging.compilation_cache`, `ragen_jax.compile_cache`) is enabled first, so a resumed or repeated run loads the
-compiled programs instead of compiling them.
+`perf/generated_tokens_per_s` (over `timing_s/step`). With `logging.phase_timings` a single run's step runs as four
+programs (`train.phases.PhasedStep`, same metrics), adding `timing_s/rollout`, `timing_s/diagnostics`,
+`timing_s/prepare` and `timing_s/update` (`timing_s/step` is their sum; lower/compile times per phase). The
+persistent compilation cache (`logging.compilation_cache`, `ragen_jax.compile_cache`) is enabled first, so a resumed
+or repeated run loads the compiled programs instead of compiling them.
 
 The step runs on the mesh of `config.mesh` (`ragen_jax.sharding`): the batch split over data x fsdp, parameters
 and optimizer states split over fsdp; with one device that is the plain single-device step. Vectorised sweeps
@@ -43,6 +46,7 @@ from ragen_jax.train import sft, transcripts, validation
 from ragen_jax.train.build import build
 from ragen_jax.train.early_stops import EarlyStops
 from ragen_jax.train.host import RunFiles, Timed
+from ragen_jax.train.phases import PhasedStep
 from ragen_jax.train.metrics import summary_line, throughput, to_floats
 from ragen_jax.train.step import Hyper, TrainState, TrainStep
 from ragen_jax.train.validation import Validator
@@ -160,8 +164,14 @@ class HostLoop:
         raise NotImplementedError
 
     def step_fn(self, abstract_state: TrainState):
-        """The jitted step: (state, *step_args(stopped)) -> (state, metrics)."""
+        """The jitted step: (state, *step_args(stopped)) -> (state, metrics, the training batch's first rows, a
+        transcripts.Sample)."""
         raise NotImplementedError
+
+    def timed_step(self, abstract_state: TrainState):
+        """The step as the loop calls it: (state, *step_args(stopped)) -> ((state, metrics, sample), timing);
+        `step_fn` compiled ahead of time and timed (`train.host.Timed`)."""
+        return Timed(self.step_fn(abstract_state), "step")
 
     def step_args(self, stopped: list[bool]) -> tuple:
         """The step's arguments after the state, given which members have stopped early."""
@@ -201,7 +211,7 @@ class HostLoop:
                 lambda: jax.device_put(self.combine(self.initial_states()), state_sharding), self.log)
             if extra is not None:
                 fired = self.load_extra(extra, stops)
-            step_fn = Timed(self.step_fn(abstract), "step")
+            step_fn = self.timed_step(abstract)
             validate = None if validate_fn is None else Timed(self.validate_fn(validate_fn), "testing")
             histories: list[list[dict]] = [[] for _ in self.configs]
             progress = files.progress(int(state.step), self.desc, self.log)
@@ -224,9 +234,12 @@ class HostLoop:
                         row.update(to_floats(val[i]))
                         reasons[i] = reasons.get(i) or stops[i].after_validation([row[k] for k in success_keys])
                     if sampling:
-                        transcripts.write(writers[i].directory, step,
-                                          transcripts.records(sample[i], self.parts.tokenizer))
+                        write_transcripts(i, step, sample[i], "val")
                 return validating
+
+            def write_transcripts(member: int, step: int, sample: transcripts.Sample, batch: str) -> None:
+                transcripts.write(writers[member].directory, step, transcripts.records(sample, self.parts.tokenizer),
+                                  batch)
 
             def record_stops(step: int, reasons: dict[int, str | None]) -> list[str]:
                 """Records each member's first early stop; returns their console lines."""
@@ -248,11 +261,15 @@ class HostLoop:
                         progress.write(line)
             while int(state.step) < total and not all(fired):
                 stopped = [bool(f) for f in fired]
-                (state, metrics), timing = step_fn(state, *self.step_args(stopped))
+                (state, metrics, sample), timing = step_fn(state, *self.step_args(stopped))
                 log_compile(progress, timing)
                 step = int(state.step)
                 members = self.split(jax.device_get(metrics))  # one transfer for all members
                 rows = {i: {**to_floats(m), **timing} for i, m in enumerate(members) if not stopped[i]}
+                if transcripts.due(step, config.logging.samples_every):
+                    samples = self.split(jax.device_get(sample))
+                    for i in rows:
+                        write_transcripts(i, step, samples[i], "train")
                 reasons = {}
                 for i, row in rows.items():
                     row.update(throughput(row, config.env.name, batch_size))
@@ -309,8 +326,13 @@ class SingleRun(HostLoop):
 
     def step_fn(self, abstract_state: TrainState):
         state_sharding, replicated = self.state_sharding(abstract_state), sharding.replicated(self.mesh)
-        return jax.jit(self.train_step, in_shardings=(state_sharding, replicated, replicated),
-                       out_shardings=(state_sharding, replicated), donate_argnums=0)
+        return jax.jit(self.train_step.with_transcripts, in_shardings=(state_sharding, replicated, replicated),
+                       out_shardings=(state_sharding, replicated, replicated), donate_argnums=0)
+
+    def timed_step(self, abstract_state: TrainState):
+        if not self.config.logging.phase_timings:
+            return super().timed_step(abstract_state)
+        return PhasedStep(self.train_step, self.state_sharding(abstract_state), sharding.replicated(self.mesh))
 
     def step_args(self, stopped: list[bool]) -> tuple:
         return self.keys[0][2], self.hypers[0]

@@ -9,10 +9,15 @@
     hyper = Hyper.from_config(config, env_params)
     step = jax.jit(train_step, donate_argnums=0)
     state, metrics = step(state, key, hyper)           # metrics: dict of f32 scalars
+    state, metrics, sample = jax.jit(train_step.with_transcripts)(state, key, hyper)  # + transcripts.Sample
 
 Everything that people sweep is in `Hyper` (traced: a new value never recompiles, and `vmap` over it works);
-structure (algorithm, filter strategy, geometry, model) is `StepOptions`, read once from the config and static.
-Each stage returns its metrics; the step merges them in stage order.
+structure (algorithm, filter strategy, geometry, model) is `StepOptions` (`train.step_options`), read once from the
+config and static. The step is four PHASES, each a pure function `(state, key, hyper, *inputs)` that returns its
+outputs and its metrics, merged in phase order: `rollout_phase` (generation + envs, and the batch's first rows for
+the transcripts), `diagnostics_phase` (collapse diagnostics), `prepare_phase` (log-probs, values, scores, filter,
+advantages), `update_phase` (gradient analysis, critic and actor updates). Jitted together they are one XLA program;
+`train.phases.PhasedStep` (`logging.phase_timings`) runs them as four programs to time each.
 
 Differences from RAGEN's trainer: old log-probs are computed for the whole batch before filtering (the filter's
 entropy metrics need them); RAGEN's `adjust_batch` duplicates or deletes kept rows to fill minibatches, here the
@@ -20,7 +25,6 @@ update skips or masks the rows of dropped groups instead; the collapse metrics r
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Any
@@ -33,14 +37,17 @@ from environments.pytrees import filled_like
 from ragen_jax import config as config_lib
 from ragen_jax import filtering, sharding
 from ragen_jax.algos import advantages as adv_lib
-from ragen_jax.algos import presets
 from ragen_jax.algos import rewards as rewards_lib
 from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
 from ragen_jax.models import transformer
 from ragen_jax.rollout.metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout, Trajectory
 from ragen_jax.train import batch as batch_lib
-from ragen_jax.train import update
+from ragen_jax.train import transcripts, update
+from ragen_jax.train.step_options import StepOptions
+
+
+PHASES = ("rollout", "diagnostics", "prepare", "update")  # TrainStep.with_transcripts' phases, in order
 
 
 @flax.struct.dataclass
@@ -81,56 +88,6 @@ class TrainState:
     critic_opt: Any
     ref: Any
     collapse: dict
-
-
-@dataclasses.dataclass(frozen=True)
-class StepOptions:
-    """The static structure of a step, read once from the config (`from_config`): traced code reads these, never
-    the config, and a new value recompiles. Fields without a comment are the config keys of the same name
-    (`filter_*`: `filter.*`; the algorithm switches: `algo.*`)."""
-
-    num_groups: int  # the training rollout's geometry
-    group_size: int
-    metric_prefix: str  # the env's name: the rollout metrics' tag
-    use_critic: bool  # GAE advantages: a critic is trained
-    use_ref: bool  # a KL loss or KL reward: a reference policy is kept
-    critic_warmup: int  # steps that train only the critic
-    warmup_steps: int  # optim.warmup_steps of linear learning-rate warm-up
-    reward_normalization: str  # rollout.reward_normalization
-    filter_metric: str
-    filter_strategy: str
-    filter_type: str
-    filter_include_zero: bool
-    filter_top_p_mode: str
-    loss_scaling: str  # filter.loss_scaling
-    use_kl_in_reward: bool
-    kl_penalty: str
-    bi_level_gae: bool
-    grpo_length_weight: bool
-    norm_adv_by_std: bool
-    soft_advantage_reweight: bool
-    std_eps: float  # diagnostics.std_eps and ema_decay of the collapse metrics
-    ema_decay: float
-    update_config: update.UpdateConfig
-    collapse: sampling.CollapseOptions
-    grad_analysis: gradients.GradAnalysisOptions
-
-    @classmethod
-    def from_config(cls, config) -> "StepOptions":
-        r, a, f, d = config.rollout, config.algo, config.filter, config.diagnostics
-        return cls(
-            num_groups=r.num_groups, group_size=r.group_size, metric_prefix=config.env.name,
-            use_critic=presets.uses_critic(config), use_ref=presets.uses_reference(config),
-            critic_warmup=a.critic_warmup, warmup_steps=config.optim.warmup_steps,
-            reward_normalization=r.reward_normalization, filter_metric=f.metric, filter_strategy=f.strategy,
-            filter_type=f.type, filter_include_zero=f.include_zero, filter_top_p_mode=f.top_p_mode,
-            loss_scaling=f.loss_scaling, use_kl_in_reward=a.use_kl_in_reward, kl_penalty=a.kl_penalty,
-            bi_level_gae=a.bi_level_gae, grpo_length_weight=a.grpo_length_weight, norm_adv_by_std=a.norm_adv_by_std,
-            soft_advantage_reweight=a.soft_advantage_reweight,
-            std_eps=d.std_eps, ema_decay=d.ema_decay, update_config=update.UpdateConfig.from_config(config),
-            collapse=sampling.CollapseOptions.from_config(config),
-            grad_analysis=gradients.GradAnalysisOptions.from_config(
-                config, chunk_rows=math.gcd(16, r.num_groups * r.group_size)))
 
 
 class TrainStep:
@@ -176,22 +133,60 @@ class TrainStep:
         return jax.tree.map(jnp.array, state)  # one buffer per leaf: the jitted step donates the state
 
     def __call__(self, state: TrainState, key: jax.Array, hyper: Hyper) -> tuple[TrainState, dict]:
-        o = self.options
-        step = state.step + 1  # 1-based, as RAGEN's global_steps
-        hyper = self._warmed_up(hyper, step)
-        temperature = hyper.actor.temperature
-        rollout_key, diag_key = jax.random.split(jax.random.fold_in(key, step))
-        traj = sharding.shard_batch(self.rollout(state.actor, rollout_key, hyper.env, temperature, hyper.top_p))
-        traj_metrics = rollout_metrics(traj, o.group_size, o.metric_prefix)
+        """One step: (the new TrainState, a dict of f32 scalar metrics)."""
+        return self.with_transcripts(state, key, hyper)[:2]
 
+    def with_transcripts(self, state: TrainState, key: jax.Array, hyper: Hyper, phase=None
+                         ) -> tuple[TrainState, dict, transcripts.Sample]:
+        """`__call__` that also returns the first `transcripts.COUNT` trajectories of its training batch (a
+        `transcripts.Sample`, rows of the rollout before this step's update). The step is its PHASES in order, each a
+        pure function (state, key, hyper, *inputs) run by `phase(name, fn, *args) -> fn(*args)`: by default called
+        here (one compiled program when this is jitted), by `train.phases.PhasedStep` each as its own timed program."""
+        phase = phase or _call
+        traj, traj_metrics, sample = phase("rollout", self.rollout_phase, state, key, hyper)
+        collapse, collapse_metrics = phase("diagnostics", self.diagnostics_phase, state, key, hyper, traj)
+        prepared, prepare_metrics = phase("prepare", self.prepare_phase, state, key, hyper, traj)
+        new_state, update_metrics = phase("update", self.update_phase, state, key, hyper, traj.group_ids, collapse,
+                                          prepared)
+        return new_state, {**traj_metrics, **collapse_metrics, **prepare_metrics, **update_metrics}, sample
+
+    def rollout_phase(self, state: TrainState, key: jax.Array, hyper: Hyper
+                      ) -> tuple[Trajectory, dict, transcripts.Sample]:
+        """(the training batch: a `Trajectory` of B = num_groups * group_size rows, its env metrics, its first
+        `transcripts.COUNT` rows)."""
+        o = self.options
+        _, hyper, rollout_key, _ = self._begin(state, key, hyper)
+        traj = sharding.shard_batch(self.rollout(state.actor, rollout_key, hyper.env, hyper.actor.temperature,
+                                                 hyper.top_p))
+        return traj, _f32(rollout_metrics(traj, o.group_size, o.metric_prefix)), transcripts.select(traj, self.rollout)
+
+    def diagnostics_phase(self, state: TrainState, key: jax.Array, hyper: Hyper, traj: Trajectory
+                          ) -> tuple[dict, dict]:
+        """(the collapse diagnostics' next EMA state, their metrics) on the unfiltered batch, on their schedule."""
+        o = self.options
+        step, hyper, _, diag_key = self._begin(state, key, hyper)
         score_fn = functools.partial(cross_logprobs.cross_log_probs, self.model_config, state.actor,
-                                     temperature=temperature, num_tiers=o.collapse.width_tiers)
-        collapse_metrics, collapse_state = sampling.collapse_diagnostics_every(
+                                     temperature=hyper.actor.temperature, num_tiers=o.collapse.width_tiers)
+        metrics, collapse_state = sampling.collapse_diagnostics_every(
             step, score_fn, batch_lib.reasoning_spans(traj), diag_key, state.collapse, o.collapse, o.std_eps,
             o.ema_decay)
+        return collapse_state, _f32(metrics)
 
-        rows, kept, scores, prepare_metrics = self._prepare_filtered(state, traj, hyper)
-        analysis_metrics = self._gradient_analysis(step, state, diag_key, rows, kept, scores, traj.group_ids, hyper)
+    def prepare_phase(self, state: TrainState, key: jax.Array, hyper: Hyper, traj: Trajectory) -> tuple[tuple, dict]:
+        """((UpdateBatch rows with the kept rows first, FilterResult, episode scores f32[B]), metrics): `_prepare`
+        of the training batch under the config's filter."""
+        _, hyper, _, _ = self._begin(state, key, hyper)
+        rows, kept, scores, metrics = self._prepare_filtered(state, traj, hyper)
+        return (rows, kept, scores), _f32(metrics)
+
+    def update_phase(self, state: TrainState, key: jax.Array, hyper: Hyper, group_ids: jax.Array, collapse: dict,
+                     prepared: tuple) -> tuple[TrainState, dict]:
+        """(the new TrainState, metrics): gradient analysis, critic and actor updates on `prepare_phase`'s
+        `prepared`; group_ids: i32[B] the batch's groups; collapse: `diagnostics_phase`'s state."""
+        o = self.options
+        step, hyper, _, diag_key = self._begin(state, key, hyper)
+        rows, kept, scores = prepared
+        analysis_metrics = self._gradient_analysis(step, state, diag_key, rows, kept, scores, group_ids, hyper)
         critic, critic_opt, critic_metrics = state.critic, state.critic_opt, {}
         if o.use_critic:
             critic, critic_opt, critic_metrics = update.critic_update(
@@ -205,11 +200,17 @@ class TrainStep:
             return state.actor, state.actor_opt, filled_like(lambda operand: train_actor(operand)[2], 0, None)
 
         actor, actor_opt, actor_metrics = jax.lax.cond(step > o.critic_warmup, train_actor, warm_up, None)
-        metrics = {**traj_metrics, **collapse_metrics, **prepare_metrics, **analysis_metrics, **critic_metrics,
-                   **actor_metrics, "train/step": step.astype(jnp.float32)}
+        metrics = {**analysis_metrics, **critic_metrics, **actor_metrics, "train/step": step.astype(jnp.float32)}
         new_state = TrainState(step=step, actor=actor, actor_opt=actor_opt, critic=critic, critic_opt=critic_opt,
-                               ref=state.ref, collapse=collapse_state)
-        return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+                               ref=state.ref, collapse=collapse)
+        return new_state, _f32(metrics)
+
+    def _begin(self, state: TrainState, key: jax.Array, hyper: Hyper):
+        """(step i32[], 1-based as RAGEN's global_steps; the warmed-up hyper; rollout key; diagnostics key) of the
+        step after `state`: every phase derives the same ones."""
+        step = state.step + 1
+        rollout_key, diag_key = jax.random.split(jax.random.fold_in(key, step))
+        return step, self._warmed_up(hyper, step), rollout_key, diag_key
 
     def _prepare_filtered(self, state: TrainState, traj: Trajectory, hyper: Hyper):
         """`_prepare` of the training batch under the config's group filter."""
@@ -342,6 +343,16 @@ class TrainStep:
             return filled_like(run, jnp.nan, None)
 
         return jax.lax.cond(gradients.should_run(step, options.every), run, skip, None)
+
+
+def _call(name: str, fn, *args):
+    """The default phase runner of `TrainStep.with_transcripts`: calls the phase."""
+    del name
+    return fn(*args)
+
+
+def _f32(metrics: dict) -> dict[str, jax.Array]:
+    return {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
 
 def _advantage_metrics(advantages, returns, mask) -> dict[str, jax.Array]:

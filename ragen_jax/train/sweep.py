@@ -17,7 +17,8 @@ Differences from S separate runs, by construction of vmap: the step counter is s
 a select (`sharding.sweep_max`). Early stops (docs/filtering.md#early-stops) apply per member: a stopped member's state
 is held from then on and its rows end (`<logging.dir>/sweep.json` lists each stop); the sweep ends when every member has
 stopped or at `train.total_steps`. Metrics go to `<logging.dir>/<member name>/metrics.jsonl`, transcripts of each
-member's validation rollout to `<logging.dir>/<member name>/samples/` (`train.transcripts`); checkpoints
+member's validation rollout and training batch to `<logging.dir>/<member name>/samples/` (`train.transcripts`; the
+step returns the members' training rows with a leading member axis); checkpoints
 (`checkpoint.dir`) hold the stacked state. Timings as in `train.loop`: `timing_s/step` and the compile times are the
 shared step's (the same in every member's row), `perf/generated_tokens` each member's own tokens (their sum over the
 members is what the step generated). Metrics come back replicated, so the host loop also runs multi-host as
@@ -99,6 +100,9 @@ class Sweep(HostLoop):
         self.points = [dict(p) for p in points]
         configs = [config_lib.validate(apply_overrides(config, p)) for p in self.points]
         self.names = [member_name(p) for p in self.points]
+        if config.logging.phase_timings:
+            raise config_lib.ConfigError("logging.phase_timings", True, "a vectorised sweep runs its step as one "
+                                         "program; per-phase timings are for single runs (train.phases)")
         if len(self.points) % config.mesh.sweep:
             raise config_lib.ConfigError("mesh.sweep", config.mesh.sweep,
                                          f"must divide the {len(self.points)} sweep members")
@@ -140,24 +144,26 @@ class Sweep(HostLoop):
                 treedef.unflatten([replicated if same else members for same in shared]))
 
     def member_step(self, state: TrainState, key: jax.Array, hyper: Hyper, stopped: jax.Array):
-        """One member's step; a member that has stopped early (bool[] `stopped`) keeps its state (its metrics are
-        computed but not logged), so it ends where a separate run would have ended."""
-        new_state, metrics = self.train_step(state, key, hyper)
+        """One member's step, (state, metrics, its training batch's transcripts.Sample); a member that has stopped
+        early (bool[] `stopped`) keeps its state (its metrics and sample are computed but not logged), so it ends
+        where a separate run would have ended."""
+        new_state, metrics, sample = self.train_step.with_transcripts(state, key, hyper)
         held = tree_select(stopped, state, new_state)
-        return held.replace(step=new_state.step), metrics  # the shared counter moves on
+        return held.replace(step=new_state.step), metrics, sample  # the shared counter moves on
 
     def step_fn(self, abstract_state: TrainState):
         """The jitted, vmapped `member_step` over (stacked state, stacked step keys, `hyper()[0]`, stopped
         bool[S]), sharded on the mesh."""
         axes = self._state_axes(abstract_state)
         _, hyper_axes, hyper_sharding = self.hyper()
-        vmapped = jax.vmap(self.member_step, in_axes=(axes, 0, hyper_axes, 0), out_axes=(axes, 0),
+        vmapped = jax.vmap(self.member_step, in_axes=(axes, 0, hyper_axes, 0), out_axes=(axes, 0, 0),
                            axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS)
-        state_sharding = self.state_sharding(abstract_state)
+        state_sharding, replicated = self.state_sharding(abstract_state), sharding.replicated(self.mesh)
         members = self._members_sharding()
-        # metrics are a few scalars per member: replicated, every process can read them (multi-host)
+        # metrics (a few scalars per member) and samples (a few rows per member): replicated, every process can read
+        # them (multi-host)
         return jax.jit(vmapped, in_shardings=(state_sharding, members, hyper_sharding, members),
-                       out_shardings=(state_sharding, sharding.replicated(self.mesh)), donate_argnums=0)
+                       out_shardings=(state_sharding, replicated, replicated), donate_argnums=0)
 
     def _members_sharding(self):
         return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(sharding.SWEEP_AXIS))

@@ -4,12 +4,17 @@ reasoning whatever the observation), as RAGEN logs generations (`trainer.generat
     sample = select(traj, rollout)                       # jittable: the first COUNT rows, their responses parsed
     rows = records(jax.device_get(sample), tokenizer)
     write(run_dir, step, rows)                           # <run_dir>/samples/step_<step>.jsonl, one JSON object a line
-    newest(run_dir)                                      # (step, rows) of the newest file, or None
-    print(markdown(step, rows))                          # what `ragen-report` prints
+    write(run_dir, step, rows, batch="train")            # <run_dir>/samples/train_step_<step>.jsonl
+    newest(run_dir)                                      # (step, rows) of the newest validation file, or None
+    print(report(run_dir))                               # what `ragen-report` prints: the newest of both batches
 
-The host loop (`train.loop`, `train.sweep`) takes them from the validation rollout (`train.validation.Validator.run`:
-fixed prompts, so the transcripts of different steps answer the same observations) every `logging.samples_every`
-steps, step 0 included. One line per trajectory:
+Two batches, two files. Every `logging.samples_every` steps (step 0 included) the host loop (`train.loop`,
+`train.sweep`, per member) writes the validation rollout's first COUNT trajectories (`train.validation.Validator.run`:
+fixed prompts, so the transcripts of different steps answer the same observations) to `samples/step_N.jsonl`, and
+(from step 1) the training batch's first COUNT trajectories, which the compiled step returns beside its metrics
+(`TrainStep.with_transcripts`), to `samples/train_step_N.jsonl`: step N's rollout, sampled by the policy before step
+N's update (the validation of step N scores the policy after it), the rows of its first groups, whose rewards and
+success enter step N's metrics. `ragen-eval` writes the validation kind only. One line per trajectory, in both:
 
     {"step": 10, "index": 0, "group": 0, "success": true, "episode_reward": 0.9, "chat": "<|system|>...",
      "turns": [{"turn": 1, "response": "I am at ...</think><answer>Down</answer><|end|>", "reasoning": "I am at ...",
@@ -38,7 +43,8 @@ from ragen_jax.rollout.rollout import Rollout, Trajectory
 
 SAMPLES_DIR = "samples"
 COUNT = 4  # trajectories per transcript: the rollout batch's first rows
-_FILE = re.compile(r"step_(\d+)\.jsonl")
+# batch -> (file name prefix, the markdown heading's name of it)
+BATCHES = {"val": ("step_", "validation"), "train": ("train_step_", "training batch")}
 
 
 @flax.struct.dataclass
@@ -124,16 +130,17 @@ def due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
-def path(directory: str, step: int) -> str:
-    return os.path.join(directory, SAMPLES_DIR, f"step_{int(step)}.jsonl")
+def path(directory: str, step: int, batch: str = "val") -> str:
+    """`<directory>/samples/step_<step>.jsonl` (batch "val") or `.../train_step_<step>.jsonl` ("train")."""
+    return os.path.join(directory, SAMPLES_DIR, f"{BATCHES[batch][0]}{int(step)}.jsonl")
 
 
-def write(directory: str | None, step: int, rows: Sequence[dict]) -> str | None:
-    """Writes `rows` (each with `"step"` added first) to `<directory>/samples/step_<step>.jsonl`, replacing a file an
+def write(directory: str | None, step: int, rows: Sequence[dict], batch: str = "val") -> str | None:
+    """Writes `rows` (each with `"step"` added first) to `path(directory, step, batch)`, replacing a file an
     interrupted run left there; returns its path (None, writing nothing, when `directory` is None or "")."""
     if not directory:
         return None
-    out = path(directory, step)
+    out = path(directory, step, batch)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"step": int(step), **row}) + "\n" for row in rows)
@@ -141,26 +148,27 @@ def write(directory: str | None, step: int, rows: Sequence[dict]) -> str | None:
 
 
 def clear(directory: str | None) -> None:
-    """Removes `<directory>/samples` (a run that starts over)."""
+    """Removes `<directory>/samples`, both batches' files (a run that starts over)."""
     if directory:
         shutil.rmtree(os.path.join(directory, SAMPLES_DIR), ignore_errors=True)
 
 
-def newest(directory: str) -> tuple[int, list[dict]] | None:
-    """(step, rows) of the newest `<directory>/samples/step_N.jsonl`, or None when there is none."""
+def newest(directory: str, batch: str = "val") -> tuple[int, list[dict]] | None:
+    """(step, rows) of the newest file of `batch` in `<directory>/samples`, or None when there is none."""
     folder = os.path.join(directory, SAMPLES_DIR)
-    steps = [int(m.group(1)) for m in map(_FILE.fullmatch, os.listdir(folder) if os.path.isdir(folder) else [])
+    pattern = re.compile(re.escape(BATCHES[batch][0]) + r"(\d+)\.jsonl")
+    steps = [int(m.group(1)) for m in map(pattern.fullmatch, os.listdir(folder) if os.path.isdir(folder) else [])
              if m]
     if not steps:
         return None
-    with open(path(directory, max(steps)), encoding="utf-8") as f:
+    with open(path(directory, max(steps), batch), encoding="utf-8") as f:
         return max(steps), [json.loads(line) for line in f]
 
 
-def markdown(step: int, rows: Sequence[dict], count: int = 2) -> str:
-    """Markdown of the first `count` of a step's transcripts: per trajectory a heading (group, success, episode
-    reward), a table of its turns (reasoning, answer, actions, reward) and the chat text in a fold."""
-    lines = [f"## Transcripts of step {step}", ""]
+def markdown(step: int, rows: Sequence[dict], count: int = 2, batch: str = "val") -> str:
+    """Markdown of the first `count` of a step's transcripts of `batch`: per trajectory a heading (group, success,
+    episode reward), a table of its turns (reasoning, answer, actions, reward) and the chat text in a fold."""
+    lines = [f"## Transcripts of step {step} ({BATCHES[batch][1]})", ""]
     for row in rows[:count]:
         lines += [f"### trajectory {row['index']}: group {row['group']}, success {row['success']}, "
                   f"episode reward {row['episode_reward']:.3g}", "",
@@ -170,6 +178,14 @@ def markdown(step: int, rows: Sequence[dict], count: int = 2) -> str:
                   for t in row["turns"]]
         lines += ["", "<details><summary>chat text</summary>", "", "```text", row["chat"], "```", "", "</details>", ""]
     return "\n".join(lines)
+
+
+def report(directory: str) -> str | None:
+    """The markdown of the newest validation transcripts, then of the newest training-batch ones, of the files in
+    `directory` (None when it holds neither)."""
+    found = [(batch, newest(directory, batch)) for batch in BATCHES]
+    parts = [markdown(*step_rows, batch=batch) for batch, step_rows in found if step_rows is not None]
+    return "\n".join(parts) if parts else None
 
 
 def _cell(text: str) -> str:

@@ -53,13 +53,15 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     assert "val-env/frozen_lake/success" not in rows[1]
     assert rows[0]["val-env/frozen_lake/num_turns"] > 0
     check_timings(rows, lines)
-    # transcripts of the validation rollout at steps 0 and 2 (samples_every 2): its first trajectories
-    assert sorted(os.listdir(os.path.join(full, "samples"))) == ["step_0.jsonl", "step_2.jsonl"]
+    # transcripts at steps 0 and 2 (samples_every 2): the validation rollout's first trajectories, and at step 2 the
+    # training batch's (no training batch at step 0)
+    assert sorted(os.listdir(os.path.join(full, "samples"))) == ["step_0.jsonl", "step_2.jsonl", "train_step_2.jsonl"]
     step, samples = transcripts.newest(full)
     assert step == 2 and len(samples) == 2 and samples[0]["chat"].startswith("<|system|>")  # val batch: 2 x 1
     rewards = [t["episode_reward"] for t in samples]  # the whole validation batch: its mean is the row's
     assert np.mean(rewards) == pytest.approx(rows[2]["val-env/frozen_lake/episode_reward"], abs=1e-6)
     assert [t["turn"] for t in samples[0]["turns"]] == list(range(1, len(samples[0]["turns"]) + 1))
+    check_training_transcripts(full, rows[2])
     assert any(line.startswith("mesh {'sweep': 1, 'data': 2, 'fsdp': 1} over 2 of 8 devices") for line in lines)
     assert Checkpointer(os.path.join(full, "ckpt")).all_steps() == [1, 2]
 
@@ -67,11 +69,13 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     shutil.copytree(full, resumed)
     shutil.rmtree(os.path.join(resumed, "ckpt", "2"))
     os.remove(os.path.join(resumed, "samples", "step_2.jsonl"))
+    os.remove(os.path.join(resumed, "samples", "train_step_2.jsonl"))
     resumed_state, resumed_history = train(config_for(resumed, **SAMPLED, **{"checkpoint.resume": True}),
                                            log=lines.append)
     assert any(line.startswith("resumed from step 1") for line in lines)
     assert len(resumed_history) == 1 and "timing_s/compile_step" in resumed_history[0]  # this process's first step
     assert transcripts.newest(resumed) == (2, samples)  # the resumed run writes the same transcripts
+    assert transcripts.newest(resumed, "train") == transcripts.newest(full, "train")
     drop_time = lambda m: {k: v for k, v in m.items() if not k.startswith(TIMED)}  # noqa: E731
     np.testing.assert_equal(drop_time(resumed_history[0]), drop_time(history[1]))  # NaN == NaN here
     for a, b in zip(jax.tree.leaves(state.actor), jax.tree.leaves(resumed_state.actor)):
@@ -83,6 +87,20 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
 
 
 SAMPLED = {"logging.samples_every": 2}
+
+
+def check_training_transcripts(run_dir: str, row: dict):
+    """The training batch's transcripts of `row`'s step: the whole batch (2 groups x 2 = transcripts.COUNT), so their
+    rewards and success average to the row's; each decodes to a chat holding its turns' responses in order."""
+    step, samples = transcripts.newest(run_dir, "train")
+    assert step == row["step"] and [t["group"] for t in samples] == [0, 0, 1, 1]
+    assert np.mean([t["episode_reward"] for t in samples]) == pytest.approx(row["frozen_lake/episode_reward"], abs=1e-6)
+    assert np.mean([t["success"] for t in samples]) == pytest.approx(row["frozen_lake/success"], abs=1e-6)
+    for sample in samples:
+        assert sample["chat"].startswith("<|system|>") and 1 <= len(sample["turns"]) <= 2
+        position = 0
+        for turn in sample["turns"]:
+            position = sample["chat"].index("<think>" + turn["response"], position) + 1
 
 
 def check_timings(rows, lines):

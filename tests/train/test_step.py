@@ -1,5 +1,6 @@
 """The compiled training step on the tiny FrozenLake geometry: two algorithm structures, no recompiles for new
-hyperparameter values, exact no-ops when the filter keeps nothing, critic warm-up, determinism.
+hyperparameter values, exact no-ops when the filter keeps nothing, critic warm-up, determinism, the step run as
+separately timed phases, the training batch's transcripts.
 
 The policy starts as the scripted bigram model of the rollout tests (its answers are mostly well formed, so the
 collapse metrics have valid reasoning to score). The steps built only for one test leave the collapse diagnostics
@@ -18,7 +19,9 @@ from ragen_jax import models
 from ragen_jax.algos import presets
 from ragen_jax.models import chat
 from ragen_jax.models.tokenizer import builtin
-from ragen_jax.train.step import Hyper, TrainStep
+from ragen_jax.train import transcripts
+from ragen_jax.train.phases import PhasedStep
+from ragen_jax.train.step import PHASES, Hyper, TrainStep
 from tests.guards import no_network
 from tests.rollout.helpers import scripted_params
 
@@ -135,3 +138,40 @@ def test_ppo_with_kl_loss_trains_the_critic_warms_up_and_analyses_a_separate_bat
     # gradient analysis at steps 1, 3, ... (RAGEN's (step - 1) % every == 0): NaN at step 2
     assert np.isfinite(float(m1["grad_norm/all/snr"])) and np.isnan(float(m2["grad_norm/all/snr"]))
     assert float(m1["grad_norm/all/sample_count"]) == 6  # a separate unfiltered batch of 3 groups x 2
+
+
+def test_phase_timings_give_the_one_program_step_and_its_training_transcripts(grpo):
+    """`logging.phase_timings` (train/phases.py): the four phases as separate programs give the one-program step's
+    metrics and new state (bit for bit here, measured; asserted to float32 rounding, as XLA may fuse the separate
+    programs differently), and time each phase. The rollout phase's transcripts of the training batch decode to the
+    text of its trajectories and carry their rewards and success: here the whole batch (B = 4 = transcripts.COUNT),
+    so their means are the step's metrics."""
+    train_step, step, state0, hyper, _ = grpo
+    want_state, want = step(state0, jax.random.key(2), hyper)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    phased = PhasedStep(train_step, device, device)
+    (got_state, got, sample), timing = phased(jax.tree.map(jnp.copy, state0), jax.random.key(2), hyper)  # donated
+    assert sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+    for a, b in zip(jax.tree.leaves(got_state), jax.tree.leaves(want_state)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    for name in PHASES:
+        assert timing[f"timing_s/{name}"] > 0 and timing[f"timing_s/compile_{name}"] > 0
+    assert timing["timing_s/step"] == pytest.approx(sum(timing[f"timing_s/{name}"] for name in PHASES))
+    _, timing = phased(jax.tree.map(jnp.copy, state0), jax.random.key(2), hyper)
+    assert sorted(timing) == sorted([f"timing_s/{name}" for name in PHASES] + ["timing_s/step"])  # compiled once
+
+    (traj, _, rollout_sample), _ = phased.programs["rollout"](state0, jax.random.key(2), hyper)  # no recompile
+    tokenizer = builtin()
+    rows = transcripts.records(jax.device_get(sample), tokenizer)
+    assert len(rows) == traj.tokens.shape[0] == transcripts.COUNT and same_bits(sample, rollout_sample)
+    for b, row in enumerate(rows):
+        assert row["chat"] == tokenizer.decode(np.asarray(traj.tokens[b, :traj.length[b]]))
+        assert row["group"] == b // 2 and row["success"] == bool(traj.success[b])
+        assert [t["reward"] for t in row["turns"]] == pytest.approx(
+            np.asarray(traj.turn_reward[b])[np.asarray(traj.turn_taken[b])])
+        for turn in row["turns"]:  # each turn's sampled response follows its "<think>" prefill in the chat text
+            assert "<think>" + turn["response"] in row["chat"] and turn["reasoning"] in turn["response"]
+    assert np.mean([r["success"] for r in rows]) == pytest.approx(float(want["frozen_lake/success"]))
+    assert np.mean([r["episode_reward"] for r in rows]) == pytest.approx(float(want["frozen_lake/episode_reward"]))

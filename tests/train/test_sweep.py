@@ -84,13 +84,16 @@ def test_members_match_the_plain_step(tmp_path):
         assert rows[1]["perf/generated_tokens"] == round(rows[1]["response_length/mean"] * 4 *
                                                          rows[1]["frozen_lake/num_turns"])
         # each validated step's transcripts: the member's whole validation batch (2 trajectories), so their
-        # rewards average to the row's validation reward
-        assert sorted(os.listdir(os.path.join(run_dir, name, "samples"))) == [f"step_{r['step']}.jsonl" for r in rows]
+        # rewards average to the row's validation reward; from step 1 also the member's whole training batch (4)
+        assert sorted(os.listdir(os.path.join(run_dir, name, "samples"))) == sorted(
+            [f"step_{r['step']}.jsonl" for r in rows] + [f"train_step_{r['step']}.jsonl" for r in rows[1:]])
         for row in rows:
-            with open(transcripts.path(os.path.join(run_dir, name), row["step"]), encoding="utf-8") as f:
-                samples = [json.loads(line) for line in f]
-            assert np.mean([t["episode_reward"] for t in samples]) == pytest.approx(
-                row["val-env/frozen_lake/episode_reward"], abs=1e-6)
+            for batch, key in (("val", "val-env/frozen_lake/episode_reward"), ("train", "frozen_lake/episode_reward")):
+                if batch == "train" and row["step"] == 0:
+                    continue
+                with open(transcripts.path(os.path.join(run_dir, name), row["step"], batch), encoding="utf-8") as f:
+                    samples = [json.loads(line) for line in f]
+                assert np.mean([t["episode_reward"] for t in samples]) == pytest.approx(row[key], abs=1e-6), batch
     with open(os.path.join(run_dir, "sweep.json"), encoding="utf-8") as f:
         summary = json.load(f)
     assert summary["names"] == NAMES and summary["early_stop"][0] == {}
@@ -126,3 +129,5 @@ def test_grid_and_refusals():
         sweep_lib.Sweep(config, [{"train.seed": s} for s in range(3)], log=None)
     with pytest.raises(config_lib.ConfigError, match="config.filter.value = 1.5"):
         sweep_lib.Sweep(config, [{"filter.value": 1.5}, {"filter.value": 1.0}], log=None)
+    with pytest.raises(config_lib.ConfigError, match="config.logging.phase_timings = True is invalid: a vectorised"):
+        sweep_lib.Sweep(config_for("", **{"logging.phase_timings": True}), [{}, {}], log=None)

@@ -1,6 +1,7 @@
 """Transcripts (`train.transcripts`): the scripted template policy's rollout (tests/rollout/helpers.py, always
 `<think>I go down first.</think><answer>Down</answer>`) decodes to the chat text of its messages, with each turn's
-reasoning, answer, actions and reward; the files round-trip and `ragen-report` prints the newest."""
+reasoning, answer, actions and reward; the files of both batches (validation, training) round-trip and
+`ragen-report` prints the newest of each."""
 from __future__ import annotations
 
 import jax
@@ -51,15 +52,22 @@ def test_files_round_trip_and_the_report_prints_the_newest(scripted, tmp_path, c
     step, back = transcripts.newest(str(tmp_path))
     assert step == 10 and back == [{"step": 10, **r} for r in rows]
     text = transcripts.markdown(step, back)
-    assert text.startswith("## Transcripts of step 10") and text.count("### trajectory") == 2
+    assert text.startswith("## Transcripts of step 10 (validation)") and text.count("### trajectory") == 2
     assert f"| 1 | {REASONING} | Down | Down | " in text and back[0]["chat"] in text
     assert transcripts.write(None, 3, rows) is None and transcripts.write("", 3, rows) is None
+    assert transcripts.newest(str(tmp_path), "train") is None
+    # the training batch's transcripts: their own files, apart from the validation ones
+    assert transcripts.write(str(tmp_path), 9, rows[1:], "train") == str(tmp_path / "samples" / "train_step_9.jsonl")
+    assert transcripts.newest(str(tmp_path), "train") == (9, [{"step": 9, **r} for r in rows[1:]])
+    assert transcripts.newest(str(tmp_path)) == (10, back)
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "frozen_lake/success": 0.5}\n')
     report.main(["ragen-report", str(tmp_path)])
-    assert "## Transcripts of step 10" in capsys.readouterr().out
+    out = capsys.readouterr().out  # the newest of each batch, validation first
+    assert 0 <= out.index("## Transcripts of step 10 (validation)") < out.index(
+        "## Transcripts of step 9 (training batch)")
     transcripts.clear(str(tmp_path))
-    assert transcripts.newest(str(tmp_path)) is None
+    assert transcripts.newest(str(tmp_path)) is None and transcripts.report(str(tmp_path)) is None
 
 
 def test_nothing_parsed_gives_no_answer_or_actions(scripted):
