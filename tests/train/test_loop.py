@@ -2,6 +2,7 @@
 exactly (docs/architecture.md, design rule 10); the demo config and the report script work."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -19,9 +20,9 @@ from experiments import report
 from experiments import train as train_cli
 from ragen_jax import distributed
 from ragen_jax.algos import presets
-from ragen_jax.train import transcripts
+from ragen_jax.train import sft, transcripts
 from ragen_jax.train.checkpoint import Checkpointer
-from ragen_jax.train.loop import train
+from ragen_jax.train.loop import run_keys, train
 from ragen_jax.train.metrics import read_metrics
 
 TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2,
@@ -33,6 +34,7 @@ TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size"
         "rollout.val_num_groups": 2, "train.test_freq": 2, "mesh.data": 2,  # 2 devices: each holds half the batch
         "logging.samples_every": 0}
 TIMED = ("timing_s/", "perf/generated_tokens_per_s")  # the metrics that depend on the machine's speed
+WARM_START = sft.warm_start
 
 
 def config_for(run_dir: str, **overrides):
@@ -41,11 +43,24 @@ def config_for(run_dir: str, **overrides):
                                             "logging.dir": run_dir, **overrides})
 
 
-def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
+def test_resumed_run_repeats_the_uninterrupted_one(tmp_path, monkeypatch):
     full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
     lines = []
+    # The SFT warm start (train.sft_steps 3) is recorded, not run (its programs would be compiled for this test
+    # alone): what it computes is tested by tests/test_warm_start.py (through the loop's `initial_params`) and
+    # tests/train/test_learning.py. Here: the run hands it the config's settings and its SFT key, once; the resumed
+    # run, restored from its checkpoint, does not warm-start again.
+    warm_starts = []
+
+    def recorded_warm_start(*args, **kwargs):
+        warm_starts.append(inspect.signature(WARM_START).bind(*args, **kwargs).arguments)
+        return warm_starts[-1]["params"], []
+
+    monkeypatch.setattr(sft, "warm_start", recorded_warm_start)
     state, history = train(config_for(full, **SAMPLED), log=lines.append)
-    assert int(state.step) == 2 and len(history) == 2 and any(line.startswith("sft 3/3") for line in lines)
+    assert [(w["steps"], w["batch_size"], w["oracle_prob"]) for w in warm_starts] == [(3, 2, 1.0)]
+    np.testing.assert_array_equal(jax.random.key_data(warm_starts[0]["key"]), jax.random.key_data(run_keys(0)[1]))
+    assert int(state.step) == 2 and len(history) == 2
     rows = read_metrics(full)
     assert [r["step"] for r in rows] == [0, 1, 2] and np.isfinite(rows[1]["frozen_lake/episode_reward"])
     # validation before training and at the last step (test_freq 2), on the same fixed prompts
@@ -73,6 +88,7 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
     resumed_state, resumed_history = train(config_for(resumed, **SAMPLED, **{"checkpoint.resume": True}),
                                            log=lines.append)
     assert any(line.startswith("resumed from step 1") for line in lines)
+    assert len(warm_starts) == 1  # no second warm start
     assert len(resumed_history) == 1 and "timing_s/compile_step" in resumed_history[0]  # this process's first step
     assert transcripts.newest(resumed) == (2, samples)  # the resumed run writes the same transcripts
     assert transcripts.newest(resumed, "train") == transcripts.newest(full, "train")
