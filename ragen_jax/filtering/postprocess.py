@@ -138,7 +138,7 @@ def apply_filter(
     strategy: str,
     value: float | jax.Array,
     filter_type: str = "largest",
-    include_zero: bool = True,
+    include_zero: bool | jax.Array = True,
     top_p_mode: str = "linear",
     eps: float | jax.Array = 0.01,
 ) -> FilterResult:

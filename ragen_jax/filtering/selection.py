@@ -2,9 +2,9 @@
 
 `select_groups` reproduces RAGEN's `_select_top_groups` with fixed shapes: it returns a bool[N] group
 mask instead of an index list, an empty result is an all-False mask, and ties are broken by the lower
-group index (stable sorts; torch leaves tie order unspecified). `value` may be a traced array, so a
-new filter value never recompiles and `jax.vmap` over values runs a sweep; the strategy, the filter
-type, the top-p mode and `include_zero` are static.
+group index (stable sorts; torch leaves tie order unspecified). `value` and `include_zero` may be traced
+arrays, so a new filter value never recompiles and `jax.vmap` over values runs a sweep; the strategy, the
+filter type and the top-p mode are static.
 
 Deliberate difference: `top_k` computes `k = floor(value * N)` in float32 where RAGEN uses a Python
 float64 product; the two differ only when value * N lies within float32 rounding of an integer
@@ -189,7 +189,7 @@ def select_groups(
     strategy: str,
     value: float | jax.Array,
     filter_type: str = "largest",
-    include_zero: bool = True,
+    include_zero: bool | jax.Array = True,
     top_p_mode: str = "linear",
     eps: float | jax.Array = 0.01,
 ) -> jax.Array:
@@ -213,7 +213,7 @@ def select_groups(
       strategy: static, a FILTER_STRATEGIES name.
       value: p, fraction k, absolute k or min-p ratio; a scalar that may be traced.
       filter_type: static, "largest" or "smallest".
-      include_zero: static; False removes ~zero scores from the candidates first.
+      include_zero: bool (may be traced); False removes ~zero scores from the candidates first.
       top_p_mode: static, "linear" or "softmax".
       eps: the epsilon subtracted from the linear top-p threshold (may be traced).
     Returns:
@@ -224,9 +224,6 @@ def select_groups(
     check_choice("filter.top_p_mode", top_p_mode, TOP_P_MODES)
     scores = jnp.asarray(scores, jnp.float32)
     value = jnp.asarray(value, jnp.float32)
-    if include_zero:
-        candidate = jnp.ones(scores.shape[0], bool)
-    else:
-        candidate = jnp.abs(scores) > ZERO_SCORE
+    candidate = jnp.asarray(include_zero, bool) | (jnp.abs(scores) > ZERO_SCORE)
     keep = select(scores, candidate, value, filter_type == "largest", top_p_mode, eps)
     return keep & candidate

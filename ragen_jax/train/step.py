@@ -59,6 +59,7 @@ class Hyper:
     top_p: jax.Array
     filter_value: jax.Array
     filter_eps: jax.Array
+    filter_include_zero: jax.Array  # bool[]: zero-score groups stay candidates of the filter
     gamma: jax.Array
     lam: jax.Array
     high_level_gamma: jax.Array
@@ -72,6 +73,7 @@ class Hyper:
         f32 = jnp.float32
         return cls(actor=update.ActorHyper.from_config(config), critic=update.CriticHyper.from_config(config),
                    top_p=f32(config.rollout.top_p), filter_value=f32(f.value), filter_eps=f32(f.eps),
+                   filter_include_zero=jnp.bool_(f.include_zero),
                    gamma=f32(a.gamma), lam=f32(a.lam), high_level_gamma=f32(a.high_level_gamma),
                    kl_coef=f32(a.kl_coef), zero_task_advantage=jnp.bool_(a.zero_task_advantage), env=env_params)
 
@@ -218,7 +220,7 @@ class TrainStep:
 
         def select(values):
             return filtering.apply_filter(values, o.filter_metric, o.filter_strategy, hyper.filter_value, o.filter_type,
-                                          o.filter_include_zero, o.filter_top_p_mode, hyper.filter_eps)
+                                          hyper.filter_include_zero, o.filter_top_p_mode, hyper.filter_eps)
 
         return self._prepare(state, traj, hyper, o.num_groups, o.group_size, select)
 

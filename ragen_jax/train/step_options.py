@@ -27,7 +27,6 @@ class StepOptions:
     filter_metric: str
     filter_strategy: str
     filter_type: str
-    filter_include_zero: bool
     filter_top_p_mode: str
     loss_scaling: str  # filter.loss_scaling
     use_kl_in_reward: bool
@@ -50,7 +49,7 @@ class StepOptions:
             use_critic=presets.uses_critic(config), use_ref=presets.uses_reference(config),
             critic_warmup=a.critic_warmup, warmup_steps=config.optim.warmup_steps,
             reward_normalization=r.reward_normalization, filter_metric=f.metric, filter_strategy=f.strategy,
-            filter_type=f.type, filter_include_zero=f.include_zero, filter_top_p_mode=f.top_p_mode,
+            filter_type=f.type, filter_top_p_mode=f.top_p_mode,
             loss_scaling=f.loss_scaling, use_kl_in_reward=a.use_kl_in_reward, kl_penalty=a.kl_penalty,
             bi_level_gae=a.bi_level_gae, grpo_length_weight=a.grpo_length_weight, norm_adv_by_std=a.norm_adv_by_std,
             soft_advantage_reweight=a.soft_advantage_reweight,

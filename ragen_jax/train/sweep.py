@@ -47,8 +47,8 @@ from ragen_jax.train.early_stops import EarlyStops
 from ragen_jax.train.loop import HostLoop
 from ragen_jax.train.step import Hyper, TrainState
 
-SWEEPABLE = ("filter.value", "filter.eps", "algo.gamma", "algo.lam", "algo.high_level_gamma", "algo.kl_coef",
-             "algo.kl_loss_coef", "algo.entropy_coeff", "algo.clip_ratio_low", "algo.clip_ratio_high",
+SWEEPABLE = ("filter.value", "filter.eps", "filter.include_zero", "algo.gamma", "algo.lam", "algo.high_level_gamma",
+             "algo.kl_coef", "algo.kl_loss_coef", "algo.entropy_coeff", "algo.clip_ratio_low", "algo.clip_ratio_high",
              "algo.clip_ratio_c", "algo.value_clip", "algo.zero_task_advantage", "optim.actor_lr", "optim.critic_lr",
              "rollout.temperature", "rollout.top_p", "env.success_rate", "train.seed",
              # host-side early-stop rules (docs/filtering.md#early-stops), applied per member

@@ -115,11 +115,14 @@ def test_a_whole_step_runs_with_sockets_blocked(grpo):
 
 
 def test_nothing_kept_means_nothing_changes(grpo):
-    """include_zero=False drops groups of zero reward variance; greedy decoding (temperature 0) gives every member
-    of a group the same trajectory, so nothing is kept and the update skips every minibatch: no parameter or
-    optimizer-state change at all."""
-    _, step, state0, hyper, _ = build("grpo", **{"filter.include_zero": False, "diagnostics.collapse_every": 0})
-    state1, m = step(state0, jax.random.key(4), hyper.replace(actor=hyper.actor._replace(temperature=jnp.float32(0))))
+    """include_zero=False (traced: the same compiled step) drops groups of zero reward variance; greedy decoding
+    (temperature 0) gives every member of a group the same trajectory, so nothing is kept and the update skips every
+    minibatch: no parameter or optimizer-state change at all."""
+    _, step, state0, hyper, traces = grpo
+    greedy = hyper.replace(filter_include_zero=jnp.bool_(False),
+                           actor=hyper.actor._replace(temperature=jnp.float32(0)))
+    state1, m = step(state0, jax.random.key(4), greedy)
+    assert len(traces) == 1
     assert float(m["rollout/filter_kept_ratio"]) == 0.0 and float(m["rollout/empty_after_filter"]) == 1.0
     assert not changed(state0.actor, state1.actor) and not changed(state0.actor_opt, state1.actor_opt)
     assert float(m["actor/num_updates"]) == 0
