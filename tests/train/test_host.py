@@ -92,9 +92,10 @@ class FailingSweep(sweep_lib.Sweep):
     fail_at, calls = None, 0
 
     def step_fn(self, abstract_state):
-        def step(state, *_):
-            return state.replace(step=state.step + 1), {"rollout/filter_kept_count": jnp.ones(self.size)}
-        return jax.jit(step, out_shardings=(self.state_sharding(abstract_state), sharding.replicated(self.mesh)),
+        def step(state, *_):  # (state, metrics, training transcripts: none here, samples_every 0)
+            return state.replace(step=state.step + 1), {"rollout/filter_kept_count": jnp.ones(self.size)}, {}
+        replicated = sharding.replicated(self.mesh)
+        return jax.jit(step, out_shardings=(self.state_sharding(abstract_state), replicated, replicated),
                        donate_argnums=0)
 
     def step_args(self, stopped):
