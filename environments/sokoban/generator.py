@@ -193,8 +193,9 @@ def random_player_steps(words: jax.Array, room: dynamics.Room, displacement: jax
 
 
 def push_line(words: jax.Array, room: dynamics.Room, push_distance: int) -> tuple[dynamics.Room, jax.Array]:
-    """The solved one-box `room` unpushed by `push_distance` k: a direction drawn uniformly from
-    words: uint32[1] among those whose k + 1 cells behind the target are floor; the box moves k cells back along it
+    """The solved one-box `room` unpushed by `push_distance` k: a direction drawn from words: uint32[1] (an 8-bit
+    draw per direction, the largest wins: uniform up to ties, which go to the lower index) among those whose k + 1
+    cells behind the target are floor; the box moves k cells back along it
     and the player stands right behind the box. Returns (room, valid bool[]: some direction had the room)."""
     flat_fixed = room.fixed.reshape(-1)
     target = room.boxes[0]

@@ -53,9 +53,10 @@ def start(command: list[str], env: dict) -> subprocess.Popen:
 
 
 def kill_at(process: subprocess.Popen, moment: str, checkpoints: str, rng: random.Random) -> list[str]:
-    """Reads the process's lines until `moment`, then SIGKILLs it: "sft" a random 0-1 s after the run's banner
-    (the warm start is loading its programs or running its 12 steps), "step" a random 0-0.5 s after a step's line (the next step, or the
-    checkpoint of this one, is running), "checkpoint" as soon as a new checkpoint is being written. Returns the lines."""
+    """Reads the process's lines until `moment`, then SIGKILLs it: "sft" a random 0-1 s after the run's banner (the
+    warm start is loading its programs or running its 12 steps), "step" a random 0-0.5 s after a step's line (the next
+    step, or the checkpoint of this one, is running), "checkpoint" as soon as a new checkpoint is being written.
+    Returns the lines."""
     lines, left_over = [], temporary_folders(checkpoints)
     os.set_blocking(process.stdout.fileno(), False)
     deadline = time.monotonic() + 300
