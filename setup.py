@@ -49,7 +49,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["ragen_jax", "ragen_jax.*", "environments", "environments.*", "configs", "configs.*",
-                                    "experiments"]),
+                                    "experiments", "experiments.benchmarks"]),
     package_data={"configs": ["warm_starts/*/*"]},  # the demo's shipped warm start (config.json + safetensors)
     entry_points={"console_scripts": [
         "ragen-train=experiments.train:main",

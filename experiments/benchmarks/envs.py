@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import time
 import warnings
 
@@ -35,8 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import environments
+from experiments.benchmarks._peers import frozen_lake_text, ragen_parse, sokoban_step, sokoban_text
 from ragen_jax.models.tokenizer import builtin
 
+GOALS = {  # ours / peer, as specified: ours parse, the peers do not (benchmarks/_goals.py)
+    "sokoban.reset_ratio": 100.0, "sokoban.step_ratio": 100.0, "frozen_lake.reset_ratio": 100.0,
+    "frozen_lake.step_ratio": 100.0,
+}
 RESPONSES = {  # one action each, so one of our steps does the work of one peer step (+ parsing)
     "frozen_lake": "<think>The goal is below me and to the right, so I go down first.</think><answer>Down</answer>",
     "sokoban": "<think>The box is above me and its target above it, so I push it up.</think><answer>Up</answer>",
@@ -103,40 +107,7 @@ def bench_ours(name: str, num_envs: int, min_seconds: float) -> dict:
     }
 
 
-# ----------------------------------------------------------------------------- RAGEN's host-side parse
-_PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
-_SPECIAL = re.compile(r"<think>|</think>|<answer>|</answer>|<\|im_start\|>|<\|im_end\|>")
-
-
-def ragen_parse(tokenizer, ids, lookup: dict[str, int], max_actions: int = 2) -> list[int]:
-    """What RAGEN does per env and turn on the host (docs/prompts_and_parsing.md): decode, regex, split, map names."""
-    match = _PATTERN.search(tokenizer.decode(ids))
-    if match is None:
-        return []
-    parts = [a.strip() for a in _SPECIAL.sub("", match.group(2)).split("||") if a.strip()][:max_actions]
-    return [lookup[a.lower()] for a in parts if a.lower() in lookup]
-
-
 # ----------------------------------------------------------------------------- FrozenLake peer
-def _frozen_lake_text(desc: np.ndarray, pos: int) -> str:
-    size = desc.shape[0]
-    xy = lambda i: f"({i // size}, {i % size})"
-    flat = desc.reshape(-1)
-    lines = [f"Board size: {size} rows x {size} cols (zero-indexed).",
-             f"Start: {xy(int(np.flatnonzero(flat == b'S')[0]))}", f"Goal: {xy(int(np.flatnonzero(flat == b'G')[0]))}"]
-    tile = flat[pos]
-    label = "Player on goal" if tile == b"G" else "Player in hole" if tile == b"H" else "Player"
-    lines.append(f"{label}: {xy(pos)}")
-    holes = np.flatnonzero(flat == b"H")
-    if holes.size:
-        lines.append("Holes: " + ", ".join(xy(int(i)) for i in holes))
-    symbols = {b"S": "_", b"F": "_", b"H": "O", b"G": "G"}
-    grid = [[symbols[t] for t in row] for row in desc]
-    r, c = divmod(pos, size)
-    grid[r][c] = "√" if tile == b"G" else "X" if tile == b"H" else "P"
-    return "Coordinates: \n" + "\n".join(lines) + "\nGrid Map: \n" + "\n".join("".join(row) for row in grid)
-
-
 def bench_frozen_lake_peer(min_seconds: float) -> dict:
     import gymnasium
     from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv, generate_random_map
@@ -147,7 +118,7 @@ def bench_frozen_lake_peer(min_seconds: float) -> dict:
 
     def one_step():
         _, _, terminated, truncated, _ = env.step(int(rng.integers(4)))
-        _frozen_lake_text(env.desc, int(env.s))
+        frozen_lake_text(env.desc, int(env.s))
         if terminated or truncated:
             env.reset()
 
@@ -158,7 +129,7 @@ def bench_frozen_lake_peer(min_seconds: float) -> dict:
     def one_step_with_parse():
         for action in ragen_parse(tokenizer, ids, lookup):
             _, _, terminated, truncated, _ = env.step(action)
-        _frozen_lake_text(env.desc, int(env.s))
+        frozen_lake_text(env.desc, int(env.s))
         if terminated or truncated:
             env.reset()
 
@@ -167,7 +138,7 @@ def bench_frozen_lake_peer(min_seconds: float) -> dict:
     def one_reset():
         fresh = FrozenLakeEnv(desc=generate_random_map(size=4, p=0.9, seed=next(seeds)), is_slippery=False)
         fresh.reset(seed=0)
-        _frozen_lake_text(fresh.desc, int(fresh.s))
+        frozen_lake_text(fresh.desc, int(fresh.s))
 
     return {"steps_per_s": _rate(one_step, 1, min_seconds, 100),
             "steps_per_s_with_parse": _rate(one_step_with_parse, 1, min_seconds, 100),
@@ -175,29 +146,10 @@ def bench_frozen_lake_peer(min_seconds: float) -> dict:
 
 
 # ----------------------------------------------------------------------------- Sokoban peer
-_SOKOBAN_SYMBOLS = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P", 6: "S"}
-
-
-def _sokoban_text(room_state: np.ndarray, room_fixed: np.ndarray) -> str:
-    """RAGEN-style coordinates + grid text of a gym-sokoban room."""
-    state = room_state.copy()
-    state[(state == 5) & (room_fixed == 2)] = 6  # player on target
-    xy = lambda cells: ", ".join(f"({int(r)}, {int(c)})" for r, c in cells)
-    lines = [f"Board size: {state.shape[0]} rows x {state.shape[1]} cols (zero-indexed)."]
-    for label, codes in (("Targets", (2,)), ("Boxes", (4,)), ("Boxes on target", (3,)), ("Player", (5,)),
-                         ("Player on target", (6,))):
-        cells = np.argwhere(np.isin(state, codes))
-        if cells.size:
-            lines.append(f"{label}: {xy(cells)}")
-    grid = "\n".join("".join(_SOKOBAN_SYMBOLS[int(v)] for v in row) for row in state)
-    return "Coordinates: \n" + "\n".join(lines) + "\nGrid Map: \n" + grid
-
-
 def bench_sokoban_peer(min_seconds: float) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import gym_sokoban  # noqa: F401  (registers; needs setuptools' pkg_resources)
-        from gym_sokoban.envs.sokoban_env import SokobanEnv
+        from gym_sokoban.envs.sokoban_env import SokobanEnv  # (its package needs setuptools' pkg_resources)
     import importlib.metadata as md
 
     rng = np.random.default_rng(0)
@@ -206,16 +158,13 @@ def bench_sokoban_peer(min_seconds: float) -> dict:
 
     def one_step():
         _, _, done, _ = env.step(int(rng.integers(1, 5)), observation_mode="tiny_rgb_array")
-        _sokoban_text(env.room_state, env.room_fixed)
+        sokoban_text(env.room_state, env.room_fixed)
         if done:
             env.reset(render_mode="tiny_rgb_array")
 
     def one_step_no_image():
-        env.num_env_steps += 1
-        env._push(int(rng.integers(1, 5)))
-        env._calc_reward()
-        done = env._check_if_done()
-        _sokoban_text(env.room_state, env.room_fixed)
+        _, done = sokoban_step(env, int(rng.integers(1, 5)))
+        sokoban_text(env.room_state, env.room_fixed)
         if done:
             env.reset(render_mode="tiny_rgb_array")
 
@@ -225,17 +174,14 @@ def bench_sokoban_peer(min_seconds: float) -> dict:
 
     def one_step_with_parse():
         for action in ragen_parse(tokenizer, ids, lookup):
-            env.num_env_steps += 1
-            env._push(action)
-            env._calc_reward()
-            done = env._check_if_done()
-        _sokoban_text(env.room_state, env.room_fixed)
+            _, done = sokoban_step(env, action)
+        sokoban_text(env.room_state, env.room_fixed)
         if done:
             env.reset(render_mode="tiny_rgb_array")
 
     def one_reset():
         env.reset(render_mode="tiny_rgb_array")
-        _sokoban_text(env.room_state, env.room_fixed)
+        sokoban_text(env.room_state, env.room_fixed)
 
     with_image = _rate(one_step, 1, min_seconds, 100)
     no_image = _rate(one_step_no_image, 1, min_seconds, 100)

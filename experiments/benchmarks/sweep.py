@@ -1,6 +1,6 @@
 """A vectorised sweep step vs the same members stepped one after another.
 
-    .venv/bin/python experiments/benchmarks/sweep.py [--members 4] [--repeats 3]
+    .venv/bin/python experiments/benchmarks/sweep.py [--quick] [--members 4] [--repeats 3]
 
 The former demo geometry (`GEOMETRY`: a d64 x 2 model, FrozenLake, 4 groups x 4 rollouts, 2 turns, responses of up
 to 80 tokens, GRPO with the paper filter, collapse diagnostics every step, no SFT). S members differ in `filter.value`
@@ -34,7 +34,10 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="2 members, one timed round")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.members, args.repeats = 2, 1
     config = tasks.tiny("frozen_lake", {**GEOMETRY,
         "train.sft_steps": 0, "train.test_freq": 0, "checkpoint.dir": "", "logging.dir": ""})
     sweep = Sweep(config, [{"filter.value": v} for v in VALUES[: args.members]], log=None)

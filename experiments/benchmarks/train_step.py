@@ -33,6 +33,7 @@ from ragen_jax.train.step import Hyper, TrainStep
 MODEL = {"model.d_model": 128, "model.num_layers": 4, "model.num_heads": 4, "model.num_kv_heads": 2,
          "model.mlp_dim": 512, "model.tie_embeddings": False}
 RESPONSE, REASONING_TOKENS = 64, 40
+GOALS = {"collapse_vs_step": ("<=", 0.10)}  # the diagnostics' share of a step (benchmarks/_goals.py)
 
 
 def script(tokenizer) -> list[int]:

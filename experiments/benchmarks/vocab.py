@@ -1,7 +1,7 @@
 """Cost of a large vocabulary: one compiled training step of a tiny model at 512 vs 151,936 (Qwen2.5) embedding rows,
 with the policy scored from whole logits or in token chunks.
 
-    .venv/bin/python -m experiments.benchmarks.vocab [--repeats 2]
+    .venv/bin/python -m experiments.benchmarks.vocab [--quick] [--repeats 2]
 
 One `ragen_jax.train.step.TrainStep` (rollout -> collapse diagnostics -> filter -> old log-probs -> GRPO -> actor
 update) on the Bandit with the built-in tokenizer (the same prompts and geometry at both sizes: rows past its
@@ -121,8 +121,11 @@ def table(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="timed steps after the warm-up step")
+    parser.add_argument("--quick", action="store_true", help="one timed step each")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # "VOCAB,SCORER": measure in this process (a child)
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
     if args.one:
         vocab, scorer = args.one.split(",")
         print(json.dumps(measure(int(vocab), scorer, args.repeats)))
