@@ -2,9 +2,9 @@
 
 `validate(config)` raises `ConfigError` (a `ragen_jax.errors.UserInputError`) whose message names the key, the
 offending value and what is allowed. The name tuples below are the single source of the fixed choices the rest of
-the package accepts; the choices that grow (filter metrics and strategies, loss aggregation modes) are `Registry`s
-instead, filled where each one is implemented (docs/filtering.md#adding-a-filter-metric-or-strategy), and
-validation reads their names.
+the package accepts; the choices that grow (filter metrics and strategies, advantage estimators, loss aggregation
+modes) are `Registry`s instead, filled where each one is implemented
+(docs/filtering.md#adding-a-filter-metric-or-strategy), and validation reads their names.
 """
 from __future__ import annotations
 
@@ -85,7 +85,11 @@ class Registry(Mapping[str, SimpleNamespace]):
 
 
 ALGORITHMS = ("ppo", "dapo", "grpo", "drgrpo")
-ADV_ESTIMATORS = ("gae", "grpo")
+# algo.adv_estimator: entry.fn(inputs, hyper, options) -> (advantages f32[B, T], returns f32[B, T], metrics)
+# (algos/estimators.py); `uses_critic`: it reads critic values (a critic is trained); `min_group_size`: the
+# rollout.group_size it needs.
+ADV_ESTIMATORS = Registry("algo.adv_estimator", "ragen_jax.algos.estimators", defaults={"min_group_size": 1},
+                          required=("uses_critic",))
 # filter.strategy: entry.fn(scores, candidate, value, largest, top_p_mode, eps) -> bool[N] (filtering/selection.py);
 # `value_ok(value) -> bool` and `value_rule` (the error's "needs ...") check filter.value.
 FILTER_STRATEGIES = Registry("filter.strategy", "ragen_jax.filtering.selection",
@@ -297,8 +301,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
             "rollout.group_size", group_size,
             f"filter.metric={config.filter.metric!r} needs a group_size >= {min_group_size}"
         )
-    if group_size < 2 and config.algo.adv_estimator == "grpo":
-        raise ConfigError("rollout.group_size", group_size, "the grpo advantage estimator needs a group_size >= 2")
+    estimator = ADV_ESTIMATORS[config.algo.adv_estimator]
+    if group_size < estimator.min_group_size:  # 2 for grpo
+        raise ConfigError("rollout.group_size", group_size,
+                          f"the {estimator.name} advantage estimator needs a group_size >= {estimator.min_group_size}")
     if config.diagnostics.grad_analysis_group_size == 1:
         raise ConfigError("diagnostics.grad_analysis_group_size", 1,
                           "a group's reward variance needs at least 2 rollouts (0 = rollout.group_size)")

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from ragen_jax.config import KL_ESTIMATORS, check_choice
+from ragen_jax.config import ADV_ESTIMATORS, KL_ESTIMATORS, check_choice
 
 _COMMON = {
     "algo.clip_ratio_low": 0.2,
@@ -129,8 +129,9 @@ def preset_config(
 
 
 def uses_critic(config) -> bool:
-    """Whether the training step trains a critic: only GAE advantages need values."""
-    return config.algo.adv_estimator == "gae"
+    """Whether the training step trains a critic: the advantage estimator reads values (its registered
+    `uses_critic`: GAE's)."""
+    return ADV_ESTIMATORS[config.algo.adv_estimator].uses_critic
 
 
 def uses_reference(config) -> bool:

@@ -37,6 +37,7 @@ from environments.pytrees import filled_like
 from ragen_jax import config as config_lib
 from ragen_jax import filtering, sharding
 from ragen_jax.algos import advantages as adv_lib
+from ragen_jax.algos import estimators
 from ragen_jax.algos import rewards as rewards_lib
 from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
 from ragen_jax.models import transformer
@@ -266,7 +267,7 @@ class TrainStep:
                                                              hyper.kl_coef, o.kl_penalty)
             metrics.update(kl_metrics)
         advantages, returns, advantage_metrics = self._advantages(token_rewards, values, loss_mask, kept,
-                                                                  traj.group_ids, hyper, num_groups)
+                                                                  traj.group_ids, hyper)
         metrics.update(advantage_metrics)
         rows = sharding.shard_batch(filtering.permute_rows(update.UpdateBatch(
             tokens=tokens, positions=positions, attention_mask=attention, loss_mask=loss_mask, old_logp=old_logp,
@@ -281,30 +282,20 @@ class TrainStep:
             return (old_entropy * loss_mask).sum(axis=1) / jnp.maximum(tokens, 1.0)
         return tokens if quantity == "length" else scores
 
-    def _advantages(self, token_rewards, values, loss_mask, kept: filtering.FilterResult, group_ids, hyper: Hyper,
-                    num_groups: int):
-        """(advantages, returns) f32[B, T] over the kept rows (docs/rewards_and_objectives.md), and their metrics."""
+    def _advantages(self, token_rewards, values, loss_mask, kept: filtering.FilterResult, group_ids, hyper: Hyper):
+        """(advantages, returns) f32[B, T] over the kept rows of the `algo.adv_estimator` entry of the estimator
+        registry (docs/rewards_and_objectives.md#advantage-estimators), then filter loss scaling and
+        `zero_task_advantage`; and their metrics."""
         o = self.options
         mask = loss_mask * kept.row_mask[:, None]
-        reweight_metrics = {}
-        if o.use_critic:
-            gae_fn = adv_lib.bi_level_gae if o.bi_level_gae else adv_lib.gae
-            extra = (hyper.high_level_gamma,) if o.bi_level_gae else ()
-            advantages, returns = gae_fn(token_rewards, values, mask, hyper.gamma, hyper.lam, *extra)
-        else:
-            lengths = loss_mask.sum(axis=1) if o.grpo_length_weight else None
-            row_scores = token_rewards.sum(axis=1)
-            per_row = adv_lib.grpo(row_scores, group_ids, num_groups, o.norm_adv_by_std, lengths=lengths,
-                                   row_mask=kept.row_mask)
-            # GRPO only: it needs the per-group std (docs/filtering.md#loss-scaling-and-soft-reweighting)
-            if o.soft_advantage_reweight:
-                group_std = filtering.group_stats(row_scores.reshape(num_groups, -1))["std"]
-                weights, reweight_metrics = filtering.soft_advantage_weights(group_std, kept.group_mask)
-                per_row = per_row * weights[group_ids]
-            advantages = returns = per_row[:, None] * mask
+        inputs = estimators.AdvantageInputs(token_rewards=token_rewards, values=values, loss_mask=loss_mask, mask=mask,
+                                            group_ids=group_ids, row_mask=kept.row_mask, group_mask=kept.group_mask)
+        advantages, returns, estimator_metrics = estimators.estimate(
+            o.adv_estimator, inputs, estimators.AdvantageHyper(hyper.gamma, hyper.lam, hyper.high_level_gamma),
+            o.advantage)
         advantages = filtering.filter_loss_scaling(advantages, kept.kept_ratio, o.loss_scaling)
         advantages = jnp.where(hyper.zero_task_advantage, 0.0, advantages) * mask
-        return advantages, returns, {**reweight_metrics, **_advantage_metrics(advantages, returns, mask)}
+        return advantages, returns, {**estimator_metrics, **_advantage_metrics(advantages, returns, mask)}
 
     def _warmed_up(self, hyper: Hyper, step) -> Hyper:
         """Linear learning-rate warm-up over `optim.warmup_steps` steps (lr * min(1, step / warmup))."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ragen_jax.algos import presets
+from ragen_jax.algos import estimators, presets
 from ragen_jax.diagnostics import gradients, sampling
 from ragen_jax.train import update
 
@@ -19,7 +19,7 @@ class StepOptions:
     num_groups: int  # the training rollout's geometry
     group_size: int
     metric_prefix: str  # the env's name: the rollout metrics' tag
-    use_critic: bool  # GAE advantages: a critic is trained
+    use_critic: bool  # the advantage estimator reads values (GAE): a critic is trained
     use_ref: bool  # a KL loss or KL reward: a reference policy is kept
     critic_warmup: int  # steps that train only the critic
     warmup_steps: int  # optim.warmup_steps of linear learning-rate warm-up
@@ -31,10 +31,8 @@ class StepOptions:
     loss_scaling: str  # filter.loss_scaling
     use_kl_in_reward: bool
     kl_penalty: str
-    bi_level_gae: bool
-    grpo_length_weight: bool
-    norm_adv_by_std: bool
-    soft_advantage_reweight: bool
+    adv_estimator: str
+    advantage: estimators.AdvantageOptions  # the estimators' switches (bi_level_gae, grpo_length_weight, ...)
     std_eps: float  # diagnostics.std_eps and ema_decay of the collapse metrics
     ema_decay: float
     update_config: update.UpdateConfig
@@ -51,8 +49,7 @@ class StepOptions:
             reward_normalization=r.reward_normalization, filter_metric=f.metric, filter_strategy=f.strategy,
             filter_type=f.type, filter_top_p_mode=f.top_p_mode,
             loss_scaling=f.loss_scaling, use_kl_in_reward=a.use_kl_in_reward, kl_penalty=a.kl_penalty,
-            bi_level_gae=a.bi_level_gae, grpo_length_weight=a.grpo_length_weight, norm_adv_by_std=a.norm_adv_by_std,
-            soft_advantage_reweight=a.soft_advantage_reweight,
+            adv_estimator=a.adv_estimator, advantage=estimators.AdvantageOptions.from_config(config),
             std_eps=d.std_eps, ema_decay=d.ema_decay, update_config=update.UpdateConfig.from_config(config),
             collapse=sampling.CollapseOptions.from_config(config),
             grad_analysis=gradients.GradAnalysisOptions.from_config(
