@@ -90,7 +90,7 @@ def evaluation_program(config, parts, diagnostics: bool = True):
     def run(params, temperature):
         traj, metrics = validator.run(params, parts.env_params, jnp.float32(VALIDATION_TOP_P), temperature)
         if diagnostics:
-            score = functools.partial(cross_logprobs.cross_log_probs, parts.model_config, params,
+            score = functools.partial(cross_logprobs.cross_log_probs, validator.rollout.model, params,
                                       temperature=temperature, num_tiers=options.width_tiers)
             collapse, _ = sampling.collapse_diagnostics(score, batch_lib.reasoning_spans(traj), validator.key(),
                                                         sampling.init_state(), options, d.std_eps, d.ema_decay)

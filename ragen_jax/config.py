@@ -3,7 +3,7 @@
 `validate(config)` raises `ConfigError` (a `ragen_jax.errors.UserInputError`) whose message names the key, the
 offending value and what is allowed. The name tuples below are the single source of the fixed choices the rest of
 the package accepts; the choices that grow (filter metrics and strategies, advantage estimators, loss aggregation
-modes) are `Registry`s instead, filled where each one is implemented
+modes, model architectures) are `Registry`s instead, filled where each one is implemented
 (docs/filtering.md#adding-a-filter-metric-or-strategy), and validation reads their names.
 """
 from __future__ import annotations
@@ -110,6 +110,9 @@ QWEN_TOKENIZERS = ("qwen2.5", "qwen3.6")  # the real vocabularies of ragen_jax/m
 TOKENIZER_KINDS = ("builtin", "json", *QWEN_TOKENIZERS)
 CHAT_FORMATS = ("plain", "chatml", "llama3")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# model.arch: entry.fn(model_config) -> a `ragen_jax.models.lm.CausalLM` (the class itself), registered in its
+# architecture module, which ragen_jax/models/__init__.py imports (models/transformer.py: "transformer").
+MODEL_ARCHS = Registry("model.arch", "ragen_jax.models")
 MODEL_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")  # published shapes: ragen_jax/models/presets.py
 
 # Keys that must be >= 0: coefficients, learning rates, penalties' magnitudes are signed and excluded.
@@ -265,6 +268,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _check_choice(config, "diagnostics.grad_analysis_bucket_mode", BUCKET_MODES)
     _check_choice(config, "tokenizer.kind", TOKENIZER_KINDS)
     _check_choice(config, "tokenizer.chat_format", CHAT_FORMATS)
+    _check_choice(config, "model.arch", MODEL_ARCHS)
     _check_choice(config, "model.compute_dtype", COMPUTE_DTYPES)
     _check_choice(config, "model.preset", ("", *MODEL_PRESETS))
     _check_filter_value(config)

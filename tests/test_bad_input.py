@@ -266,7 +266,7 @@ def test_what_only_the_rollout_and_step_can_check_names_the_key_too():
                                     (dataclasses.replace(TINY, vocab_size=100), 512,
                                      "config.model.vocab_size = 100 is invalid")):
         with pytest.raises(config_lib.ConfigError) as error:
-            Rollout(env, tokenizer, chat.plain(), model, max_len=max_len, **geometry)
+            Rollout(env, tokenizer, chat.plain(), transformer.DecoderLM(model), max_len=max_len, **geometry)
         _one_line(error, message)
     config = _config(**{"env.name": "frozen_lake", "rollout.max_model_len": 1024, "model.max_seq_len": 1030})
     with pytest.raises(config_lib.ConfigError) as error:

@@ -76,6 +76,7 @@ def _set(config, key, value):
         ("algo.loss_agg_mode", "token-sum"),
         ("tokenizer.chat_format", "alpaca"),
         ("model.compute_dtype", "float16"),
+        ("model.arch", "mamba"),
     ],
 )
 def test_unknown_names(config, key, value):

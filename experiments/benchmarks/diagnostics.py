@@ -116,7 +116,7 @@ def main() -> None:
     fns = {"update": lambda: actor(params, opt_state, upd_batch, jnp.int32(batch_size), hyper)[0]}
 
     # ---- the two collapse families, separately
-    score_fn = functools.partial(cross_logprobs.cross_log_probs, config, temperature=temperature)
+    score_fn = functools.partial(cross_logprobs.cross_log_probs, models.DecoderLM(config), temperature=temperature)
     for name, first, multi in (("first_turn", True, False), ("trajectory", False, True)):
         options = sampling.CollapseOptions(num_groups=GROUPS, num_samples=args.num_samples, first_turn=first,
                                            multi_turn=multi, max_reasoning_len=RESPONSE)
@@ -136,8 +136,8 @@ def main() -> None:
     prompt_len = jnp.full((SCORE_COLS,), SCORE_PROMPT, jnp.int32)
     reasoning = jnp.asarray(rng.integers(1, config.vocab_size, (SCORE_ROWS, SCORE_REASON)), jnp.int32)
     reasoning_len = jnp.full((SCORE_ROWS,), SCORE_REASON, jnp.int32)
-    cached = jax.jit(functools.partial(cross_logprobs.cross_log_probs, config))
-    naive = jax.jit(functools.partial(cross_logprobs.cross_log_probs_naive, config))
+    cached = jax.jit(functools.partial(cross_logprobs.cross_log_probs, models.DecoderLM(config)))
+    naive = jax.jit(functools.partial(cross_logprobs.cross_log_probs_naive, models.DecoderLM(config)))
     score_args = (params, prompts, prompt_len, reasoning, reasoning_len, temperature)
     fns["cached"] = lambda: cached(*score_args)
     fns["naive"] = lambda: naive(*score_args)

@@ -92,7 +92,8 @@ def bench_decode(c, params, hf, repeats, warmup):
     args = (jnp.asarray(prompt), jnp.full((DECODE_BATCH,), PROMPT_LEN, jnp.int32), jax.random.key(0),
             jnp.float32(1.0), jnp.float32(1.0))
     new_cache = jax.jit(lambda: models.init_cache(c, DECODE_BATCH, PROMPT_LEN + NEW_TOKENS))
-    generate = sampler.generate.lower(c, params, new_cache(), *args, max_new_tokens=NEW_TOKENS).compile()
+    model = models.DecoderLM(c)
+    generate = sampler.generate.lower(model, params, new_cache(), *args, max_new_tokens=NEW_TOKENS).compile()
 
     def run_jax():
         out, _ = generate(params, new_cache(), *args)

@@ -57,7 +57,7 @@ from environments.sokoban import dynamics
 from experiments.benchmarks._goals import goals_met
 from experiments.benchmarks._peers import frozen_lake_text, ragen_parse, sokoban_step, sokoban_text
 from ragen_jax.models import chat as chat_lib
-from ragen_jax.models import hf
+from ragen_jax.models import hf, transformer
 from ragen_jax.models.tokenizer import builtin
 from ragen_jax.rollout import prompts as prompts_lib
 from ragen_jax.rollout.rollout import Rollout
@@ -190,7 +190,7 @@ class Setup:
         model = hf.load_pretrained(WARM_STARTS[name])
         model_config = dataclasses.replace(model.config, max_seq_len=max(model.config.max_seq_len, self.max_len))
         self.params = model.params
-        self.rollout = Rollout(self.env, self.tokenizer, self.chat_format, model_config,
+        self.rollout = Rollout(self.env, self.tokenizer, self.chat_format, transformer.DecoderLM(model_config),
                                num_groups=geometry["num_groups"], group_size=geometry["group_size"],
                                max_turn=geometry["max_turn"], response_length=RESPONSE, max_len=self.max_len)
         self.first_prompts = jax.jit(lambda key: self.rollout.first_prompts(key, self.env_params))

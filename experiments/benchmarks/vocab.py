@@ -12,7 +12,7 @@ whole-logits step. The policy is the scripted template policy (`ragen_jax.models
 families score real reasoning. Scorers (set as `TrainStep.logits_fn`):
   logits:  `functools.partial(transformer.apply, config)`: every [rows, tokens, V] logit at once, then the
            vocabulary-chunked log-softmax (`algos.losses.logprobs_and_entropy`);
-  chunked: `transformer.CausalLM(config)`: hidden states, then blocks of positions of at most
+  chunked: `transformer.DecoderLM(config)`: hidden states, then blocks of positions of at most
            `UpdateConfig.logits_chunk` logits (64 MiB) unembedded at a time under `jax.checkpoint`
            (`algos.losses.hidden_logprobs_and_entropy`).
 Each (vocabulary, scorer) runs in its own process: build, compile, one warm-up step, then the best of `repeats`
@@ -79,7 +79,7 @@ def measure(vocab: int, scorer: str, repeats: int) -> dict:
     parts = build(config)
     train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
     model_config = parts.model_config
-    train_step.logits_fn = (transformer.CausalLM(model_config) if scorer == "chunked"
+    train_step.logits_fn = (transformer.DecoderLM(model_config) if scorer == "chunked"
                             else functools.partial(transformer.apply, model_config))
     state = train_step.init(jax.random.key(0), scripted.scripted_params(model_config, script(parts.tokenizer)))
     hyper = Hyper.from_config(config, parts.env_params)

@@ -25,8 +25,7 @@ import jax.numpy as jnp
 from ragen_jax import sharding
 from ragen_jax.algos import losses
 from ragen_jax.models import kv_cache as kv
-from ragen_jax.models import transformer
-from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.lm import CausalLM
 
 
 def _check(prompts, prompt_len, reasoning, reasoning_len):
@@ -66,10 +65,11 @@ def _tiered(lengths: jax.Array, tiers: tuple[int, ...], fn, operand):
     return jax.lax.switch(tier, [lambda x, w=w: fn(x, w) for w in tiers], operand)
 
 
-def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len: jax.Array, reasoning: jax.Array,
+def cross_log_probs(model: CausalLM, params, prompts: jax.Array, prompt_len: jax.Array, reasoning: jax.Array,
                     reasoning_len: jax.Array, temperature=1.0, *, row_chunk: int = 16, col_chunk: int = 8,
                     num_tiers: int = 4):
-    """Prefix-cached cross log-probs (see module docstring); returns (logp_mean, logp_sum) float32[R, C].
+    """Prefix-cached cross log-probs of `model` (static) with `params` (see module docstring); returns (logp_mean,
+    logp_sum) float32[R, C].
 
     Columns are sorted by prompt length and handled `col_chunk` at a time (prefill of the chunk, then its
     columns one by one); rows are sorted by reasoning length and scored `row_chunk` at a time (a chunk size that
@@ -86,16 +86,15 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
     rc = row_chunk if 0 < row_chunk and num_rows % row_chunk == 0 else num_rows
     cc = col_chunk if 0 < col_chunk and num_cols % col_chunk == 0 else num_cols
     row_chunks = _sorted_chunks(reasoning_len, rc)
-    unembed = functools.partial(transformer.logits_from_hidden, config, params)
+    unembed = functools.partial(model.logits_from_hidden, params)
 
     def score_columns(col_ids, prompt_width):
         """[n_row_chunks, cc, rc] x 2: the columns `col_ids` (prompts no longer than prompt_width)."""
         lengths = prompt_len[col_ids]
-        cache = kv.init_cache(config, cc, prompt_width + max_reason)
-        hidden, cache = transformer.hidden_states_with_cache(config, params, prompts[col_ids, :prompt_width], cache,
-                                                             num_new=lengths)
+        cache = model.init_cache(cc, prompt_width + max_reason)
+        hidden, cache = model.hidden_states_with_cache(params, prompts[col_ids, :prompt_width], cache, num_new=lengths)
         last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
-        first_logits = transformer.logits_from_hidden(config, params, last)  # [cc, V]: predicts reasoning token 0
+        first_logits = model.logits_from_hidden(params, last)  # [cc, V]: predicts reasoning token 0
 
         def score_rows(row_ids, width):
             tokens, row_len = reasoning[row_ids, :width], reasoning_len[row_ids]
@@ -103,7 +102,7 @@ def cross_log_probs(config: ModelConfig, params, prompts: jax.Array, prompt_len:
 
             def score(j):
                 rows = kv.take_rows(prefix, jnp.full((rc,), j, jnp.int32))
-                h, _ = transformer.hidden_states_with_cache(config, params, tokens, rows, num_new=row_len)
+                h, _ = model.hidden_states_with_cache(params, tokens, rows, num_new=row_len)
                 # logits at reasoning token t predict token t + 1; the prompt's last logits predict token 0
                 rest = losses.hidden_logprobs_and_entropy(unembed, h[:, :-1], tokens[:, 1:], temperature)[0]
                 first = _target_logprobs(jnp.broadcast_to(first_logits[j], (rc, first_logits.shape[-1])),
@@ -136,7 +135,7 @@ def concat_prompt_reasoning(prompt: jax.Array, prompt_len: jax.Array, reasoning:
     return jnp.where(s[None, :] < prompt_len, prompt[jnp.minimum(s, max_prompt - 1)][None, :], from_reason)
 
 
-def cross_log_probs_naive(config: ModelConfig, params, prompts: jax.Array, prompt_len: jax.Array,
+def cross_log_probs_naive(model: CausalLM, params, prompts: jax.Array, prompt_len: jax.Array,
                           reasoning: jax.Array, reasoning_len: jax.Array, temperature=1.0):
     """The full-sequence reference: the whole model on [x_j | z_i] for every pair (RAGEN's computation)."""
     _check(prompts, prompt_len, reasoning, reasoning_len)
@@ -149,7 +148,7 @@ def cross_log_probs_naive(config: ModelConfig, params, prompts: jax.Array, promp
         prompt, length = args
         seq = concat_prompt_reasoning(prompt, length, reasoning)
         mask = positions < length + reasoning_len[:, None]
-        logits = transformer.apply(config, params, seq, positions, mask)
+        logits = model(params, seq, positions, mask)
         # reasoning token t sits at length + t and is predicted by the logits at length + t - 1
         at = jnp.clip(length - 1 + jnp.arange(max_reason), 0, seq_len - 1)
         token_logp = _target_logprobs(jnp.take(logits, at, axis=1), reasoning, temperature)

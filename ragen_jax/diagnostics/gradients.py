@@ -105,7 +105,7 @@ def _component_losses(logp, entropy, batch: UpdateBatch, mask, hyper: ActorHyper
 
 def _chunk_outputs(logits_fn: LogitsFn, params, batch: UpdateBatch, rows: jax.Array, temperature):
     """(logp, entropy) f32[m, L-1] of the batch rows `rows` int32[m], scored as the update scores them (a
-    `transformer.CausalLM` a block of positions at a time)."""
+    `models.lm.CausalLM` a block of positions at a time)."""
     return token_logprobs(logits_fn, params, batch.tokens[rows], batch.positions[rows], batch.attention_mask[rows],
                           temperature)
 

@@ -205,7 +205,8 @@ def collapse_diagnostics(score_fn: ScoreFn, spans: ReasoningSpans, key: jax.Arra
                          options: CollapseOptions, std_eps=collapse.STD_EPS, ema_decay=collapse.EMA_DECAY):
     """Both families on the unfiltered batch: (metrics, new_state). Jittable; `state` from `init_state()`.
 
-    score_fn: e.g. `functools.partial(cross_logprobs.cross_log_probs, model_config, params, temperature=t)`.
+    score_fn: e.g. `functools.partial(cross_logprobs.cross_log_probs, model, params, temperature=t)` (model: a
+      `models.lm.CausalLM`).
     """
     tokens = spans.tokens
     prompt_width = options.max_prompt_len or tokens.shape[1]

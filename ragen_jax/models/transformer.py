@@ -32,6 +32,8 @@ Sequences: `tokens` int32[B, T]; `attention_mask` [B, T] (1/True = real token) f
 right padding); `positions` int32[B, T] default to the count of real tokens before each one (HF's
 `cumsum(mask) - 1`), so padded and unpadded rows give the same logits for their real tokens.
 The cached forward (`apply_with_cache`) appends right-padded chunks to a `KVCache` (see kv_cache.py).
+`DecoderLM` is this architecture behind the package's model seam (`ragen_jax.models.lm.CausalLM`), registered as
+`model.arch = "transformer"`; `Model` bundles a config with its params for checkpoint I/O (`ragen_jax.models.hf`).
 """
 from __future__ import annotations
 
@@ -42,7 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax.config import MODEL_ARCHS
 from ragen_jax.models import kv_cache as kv
+from ragen_jax.models import lm
 from ragen_jax.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -298,45 +302,17 @@ def apply_with_cache(config: ModelConfig, params: Params, tokens: jax.Array, cac
 
 
 # ---------------------------------------------------------------------------------------------- object boundary
+@MODEL_ARCHS.register("transformer")
 @dataclasses.dataclass(frozen=True)
-class CausalLM:
-    """The uncached forward of a config as pure functions of a params pytree, split at the LM head.
+class DecoderLM(lm.CausalLM):
+    """This module's decoder behind the model seam (`lm.CausalLM`, `model.arch = "transformer"`): each method is
+    the function of the same name with `config` bound. Hashable by its config: a static argument of `jax.jit`."""
 
-    Calling it is `apply` (float32[B, T, V] logits), so it serves wherever a logits function is expected; scorers
-    that find `hidden_states` and `logits_from_hidden` (`ragen_jax.train.update.token_logprobs`) unembed a few
-    positions at a time instead of holding every position's logits. Hashable by its config: a static argument
-    of `jax.jit`.
-    """
+    def init_params(self, key):
+        return init_params(self.config, key)
 
-    config: ModelConfig
-
-    def __call__(self, params, tokens, positions=None, attention_mask=None):
-        return apply(self.config, params, tokens, positions, attention_mask)
-
-    def hidden_states(self, params, tokens, positions=None, attention_mask=None):
-        return hidden_states(self.config, params, tokens, positions, attention_mask)
-
-    def logits_from_hidden(self, params, hidden):
-        return logits_from_hidden(self.config, params, hidden)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Model:
-    """A config plus a params pytree; every method is a pure function of the params passed to it.
-
-    `model.apply(params, tokens, positions=None, attention_mask=None) -> float32[B, T, V]` works under
-    jit / vmap / grad (the config is closed over as a static value).
-    """
-
-    config: ModelConfig
-    params: Params
-
-    @classmethod
-    def create(cls, config: ModelConfig, key: jax.Array) -> "Model":
-        return cls(config, init_params(config, key))
-
-    def apply(self, params, tokens, positions=None, attention_mask=None):
-        return apply(self.config, params, tokens, positions, attention_mask)
+    def init_value_params(self, key, backbone=None):
+        return init_value_params(self.config, key, backbone)
 
     def hidden_states(self, params, tokens, positions=None, attention_mask=None):
         return hidden_states(self.config, params, tokens, positions, attention_mask)
@@ -347,12 +323,24 @@ class Model:
     def values(self, value_params, tokens, positions=None, attention_mask=None):
         return values(self.config, value_params, tokens, positions, attention_mask)
 
+    def init_cache(self, batch_size, max_len=None):
+        return kv.init_cache(self.config, batch_size, max_len)
+
+    def hidden_states_with_cache(self, params, tokens, cache, num_new=None, positions=None):
+        return hidden_states_with_cache(self.config, params, tokens, cache, num_new, positions)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
+    """A config plus its params pytree: what `ragen_jax.models.hf` loads and saves. Computing goes through
+    `DecoderLM(model.config)`; `init_cache` and `init_value_params` are its, the latter copying these params."""
+
+    config: ModelConfig
+    params: Params
+
     def init_value_params(self, key, backbone=None):
         """Critic params whose backbone copies `backbone` (default: this model's params)."""
         return init_value_params(self.config, key, self.params if backbone is None else backbone)
 
     def init_cache(self, batch_size: int, max_len: int | None = None) -> kv.KVCache:
         return kv.init_cache(self.config, batch_size, max_len)
-
-    def apply_with_cache(self, params, tokens, cache, num_new=None, positions=None):
-        return apply_with_cache(self.config, params, tokens, cache, num_new, positions)

@@ -1,7 +1,7 @@
 """The multi-turn rollout (docs/prompts_and_parsing.md#the-rollout-loop) as one pure, jittable function: envs, prompts,
 generation, parsing.
 
-    rollout = Rollout(env, tokenizer, chat_format, model_config, num_groups=8, group_size=16, max_turn=5,
+    rollout = Rollout(env, tokenizer, chat_format, model, num_groups=8, group_size=16, max_turn=5,
                       response_length=400, max_len=3600)
     traj = jax.jit(rollout)(params, key, env_params, temperature, top_p)        # a Trajectory
 
@@ -30,8 +30,7 @@ from environments.pytrees import tree_select
 from ragen_jax import sharding
 from ragen_jax.config import ConfigError
 from ragen_jax.models import kv_cache as kv
-from ragen_jax.models import transformer as tfm
-from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.lm import CausalLM
 from ragen_jax.rollout import prompts as prompts_lib
 from ragen_jax.rollout import sampler
 
@@ -144,19 +143,20 @@ class Rollout:
     Args:
       env: an `environments` TextEnv (vmapped here); tokenizer: the env's tokenizer;
       chat_format: `ragen_jax.models.chat.ChatFormat` whose markers are tokens of `tokenizer`;
-      model_config: the policy's ModelConfig (vocab must cover the tokenizer, max_seq_len >= max_len);
+      model: the policy's `models.lm.CausalLM` (its config's vocab must cover the tokenizer, max_seq_len >= max_len);
       num_groups, group_size: batch geometry; max_turn: turns; response_length: new tokens per turn;
       max_len: buffer/KV-cache tokens per trajectory; top_k: static top-k (0 = off);
       format_penalty: added to the episode reward per turn without a fully valid answer.
     """
 
-    def __init__(self, env, tokenizer, chat_format, model_config: ModelConfig, *, num_groups: int, group_size: int,
+    def __init__(self, env, tokenizer, chat_format, model: CausalLM, *, num_groups: int, group_size: int,
                  max_turn: int, response_length: int, max_len: int, top_k: int = 0, format_penalty: float = -0.1):
         chat_format.check_tokenizer(tokenizer)
+        model_config = model.config
         if model_config.vocab_size < tokenizer.vocab_size:
             raise ConfigError("model.vocab_size", model_config.vocab_size,
                               f"the model needs a row for each of the tokenizer's {tokenizer.vocab_size} ids")
-        self.env, self.model_config = env, model_config
+        self.env, self.model = env, model
         self.num_groups, self.group_size, self.max_turn = num_groups, group_size, max_turn
         self.response_length, self.max_len, self.top_k = response_length, max_len, top_k
         self.format_penalty = float(format_penalty)
@@ -227,12 +227,12 @@ class Rollout:
         """The carry before turn 1: the system prompt written to the buffer and prefilled into a fresh cache."""
         B, L = self.batch_size, self.max_len
         system = self._system_rows()
-        cache = kv.init_cache(self.model_config, B, L)
+        cache = self.model.init_cache(B, L)
         tokens = jnp.full((B, L), self.pad_id, jnp.int32)
         length = jnp.zeros((B,), jnp.int32)
         if system.shape[1]:
-            cache = tfm.hidden_states_with_cache(self.model_config, params, system, cache,
-                                                 jnp.full((B,), system.shape[1], jnp.int32))[1]
+            cache = self.model.hidden_states_with_cache(params, system, cache,
+                                                        jnp.full((B,), system.shape[1], jnp.int32))[1]
             tokens = tokens.at[:, :system.shape[1]].set(system)
             length = length + system.shape[1]
         off = jnp.zeros((B,), bool)
@@ -249,7 +249,7 @@ class Rollout:
         fits = carry.length + chunk_len + N + len(self.prompts.close_ids) <= self.max_len
         active = ~carry.env_state.done & ~carry.cut & fits
         out, cache = sampler.generate(
-            self.model_config, params, carry.cache, chunk, chunk_len, key, temperature, top_p, self.stop_sequences,
+            self.model, params, carry.cache, chunk, chunk_len, key, temperature, top_p, self.stop_sequences,
             active, max_new_tokens=N, top_k=self.top_k, pad_id=self.pad_id, num_tokens=self.num_tokens)
         gen_len = jnp.where(active, out.lengths, 0)
         start = carry.length + chunk_len

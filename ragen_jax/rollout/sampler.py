@@ -4,10 +4,10 @@ One call of `generate` appends a right-padded prompt chunk (`prompt_lengths[b]` 
 then samples up to `max_new_tokens` tokens per row. Every sampled token (the stop token included) is written
 to the cache before the call returns, so a multi-turn rollout continues on the SAME cache:
 
-    cache = init_cache(config, B, max_len)
-    out, cache = generate(config, params, cache, obs_1, obs_1_len, key_1, temperature, top_p, ...)
-    out, cache = generate(config, params, cache, obs_2, obs_2_len, key_2, temperature, top_p, ...)
-    cache = extend(config, params, cache, final_obs, final_obs_len)        # append without generating
+    cache = model.init_cache(B, max_len)                                   # model: a `models.lm.CausalLM`
+    out, cache = generate(model, params, cache, obs_1, obs_1_len, key_1, temperature, top_p, ...)
+    out, cache = generate(model, params, cache, obs_2, obs_2_len, key_2, temperature, top_p, ...)
+    cache = extend(model, params, cache, final_obs, final_obs_len)         # append without generating
 
 Rows stop independently on any stop sequence (token-id sequences, e.g. `</answer>` spelled in several
 tokens, or the end-of-turn token), at `max_new_tokens`, or when their cache is full. Temperature and
@@ -26,8 +26,7 @@ import numpy as np
 
 from ragen_jax import sharding
 from ragen_jax.models import kv_cache as kv
-from ragen_jax.models import transformer as tfm
-from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.lm import CausalLM, Params
 
 
 @flax.struct.dataclass
@@ -102,28 +101,28 @@ def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
     return tokens, jnp.where(greedy[:, 0], 0.0, token_logp)
 
 
-def _last_logits(config, params, hidden, lengths):
+def _last_logits(model: CausalLM, params, hidden, lengths):
     """Logits float32[B, V] at each row's last real chunk position (hidden float32[B, T, D])."""
     last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
-    return tfm.logits_from_hidden(config, params, last)
+    return model.logits_from_hidden(params, last)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnames="cache")
-def extend(config: ModelConfig, params: tfm.Params, cache: kv.KVCache, chunk: jax.Array,
+def extend(model: CausalLM, params: Params, cache: kv.KVCache, chunk: jax.Array,
            chunk_lengths: jax.Array) -> kv.KVCache:
     """Appends a right-padded chunk int32[B, T] (chunk_lengths int32[B] real tokens) to the cache."""
-    return tfm.hidden_states_with_cache(config, params, chunk, cache, chunk_lengths)[1]
+    return model.hidden_states_with_cache(params, chunk, cache, chunk_lengths)[1]
 
 
 @functools.partial(jax.jit, static_argnums=0,
                    static_argnames=("max_new_tokens", "top_k", "pad_id", "num_tokens"),
                    donate_argnames="cache")
-def generate(config: ModelConfig, params: tfm.Params, cache: kv.KVCache, prompt: jax.Array,
+def generate(model: CausalLM, params: Params, cache: kv.KVCache, prompt: jax.Array,
              prompt_lengths: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array,
              stop_sequences: jax.Array | None = None, active: jax.Array | None = None, *,
              max_new_tokens: int, top_k: int = 0, pad_id: int = 0,
              num_tokens: int = 0) -> tuple[SampleOutput, kv.KVCache]:
-    """Extends `cache` with `prompt` and samples up to `max_new_tokens` tokens per row.
+    """Extends `cache` with `prompt` and samples up to `max_new_tokens` tokens per row of `model` (static).
 
     prompt: int32[B, T] right-padded chunk; prompt_lengths: int32[B] >= 1 for active rows.
     key: PRNG key; temperature: float32 scalar or [B] (0 = greedy); top_p: float32 scalar.
@@ -138,9 +137,9 @@ def generate(config: ModelConfig, params: tfm.Params, cache: kv.KVCache, prompt:
         stop_sequences = np.zeros((0, 1), np.int32)
     stop_sequences = jnp.asarray(stop_sequences, jnp.int32)
     prompt_lengths = jnp.where(active, prompt_lengths, 0).astype(jnp.int32)
-    hidden, cache = tfm.hidden_states_with_cache(config, params, prompt, cache, prompt_lengths)
+    hidden, cache = model.hidden_states_with_cache(params, prompt, cache, prompt_lengths)
     state = _LoopState(
-        step=jnp.int32(0), cache=cache, logits=_last_logits(config, params, hidden, prompt_lengths),
+        step=jnp.int32(0), cache=cache, logits=_last_logits(model, params, hidden, prompt_lengths),
         tokens=jnp.full((B, max_new_tokens), pad_id, jnp.int32),
         logprobs=jnp.zeros((B, max_new_tokens), jnp.float32), lengths=jnp.zeros((B,), jnp.int32),
         done=~active | (cache.lengths >= cache.max_len), stopped=jnp.zeros((B,), bool),
@@ -159,9 +158,9 @@ def generate(config: ModelConfig, params: tfm.Params, cache: kv.KVCache, prompt:
         window = jnp.where(live[:, None], jnp.concatenate([s.window[:, 1:], token[:, None]], axis=1), s.window)
         hit = live & jnp.any(jnp.all((stop_sequences[None] == -1) | (window[:, None] == stop_sequences[None]),
                                      axis=-1), axis=-1)
-        hidden, cache = tfm.hidden_states_with_cache(config, params, token[:, None], s.cache, live.astype(jnp.int32))
+        hidden, cache = model.hidden_states_with_cache(params, token[:, None], s.cache, live.astype(jnp.int32))
         return _LoopState(
-            step=s.step + 1, cache=cache, logits=tfm.logits_from_hidden(config, params, hidden[:, 0]),
+            step=s.step + 1, cache=cache, logits=model.logits_from_hidden(params, hidden[:, 0]),
             tokens=s.tokens.at[:, s.step].set(token), logprobs=s.logprobs.at[:, s.step].set(jnp.where(live, logp, 0.0)),
             lengths=s.lengths + live, stopped=s.stopped | hit,
             done=s.done | hit | (cache.lengths >= cache.max_len), window=window)

@@ -24,7 +24,7 @@ from configs import base
 from ragen_jax.config import ConfigError, check_choice
 from ragen_jax.errors import UserInputError, reraised
 from ragen_jax.models import chat as chat_lib
-from ragen_jax.models import hf, presets, transformer
+from ragen_jax.models import hf, lm, presets
 from ragen_jax.models import tokenizer as tok_lib
 from ragen_jax.models.config import ModelConfig
 
@@ -127,14 +127,15 @@ def _preset_config(m) -> ModelConfig:
 
 
 def build_model(config, tokenizer) -> tuple[ModelConfig, Any]:
-    """(ModelConfig, float32 params): `model.pretrained_path`'s weights, else random ones (`model.init_seed`)
-    of the shapes `build_model_config` gives."""
+    """(ModelConfig, float32 params): `model.pretrained_path`'s weights (a HF checkpoint of the transformer
+    architecture, `models.hf`), else random ones (`model.init_seed`) of the shapes `build_model_config` gives,
+    initialised by the `model.arch` architecture (`models.lm.make`)."""
     m = config.model
     model_config = build_model_config(config, tokenizer)
     if m.pretrained_path:
         model = hf.load_pretrained(pretrained_folder(config), m.compute_dtype)
         return model.config, model.params
-    return model_config, jax.jit(transformer.init_params, static_argnums=0)(model_config, jax.random.key(m.init_seed))
+    return model_config, jax.jit(lm.make(m.arch, model_config).init_params)(jax.random.key(m.init_seed))
 
 
 def pretrained_folder(config) -> str:

@@ -4,10 +4,10 @@
     est = memory.estimate(config, model_config, num_devices=8)
     print(memory.format_table(est))
 
-Every size comes from the code that allocates the array, run under `jax.eval_shape`: parameters from
-`transformer.init_params` / `init_value_params`, AdamW states from `update.optimizer_init`, the KV cache from
-`kv_cache.init_cache`, hidden states from `transformer.hidden_states`, a block of logits as
-`losses.block_positions` sizes it. Rows, by the phase of a step that holds them:
+Every size comes from the code that allocates the array, run under `jax.eval_shape`, with the model the config's
+`model.arch` names (`models.lm.make`): parameters from its `init_params` / `init_value_params`, AdamW states from
+`update.optimizer_init`, the KV cache from its `init_cache`, hidden states from its `hidden_states`, a block of
+logits from its `logits_from_hidden` as `losses.block_positions` sizes it. Rows, by the phase of a step that holds them:
 
     resident       actor parameters (float32), actor AdamW (mu, nu float32 + count); with a critic
                    (algo.adv_estimator = "gae") its parameters and AdamW; with KL on (use_kl_loss or
@@ -43,7 +43,7 @@ import numpy as np
 from ragen_jax import sharding
 from ragen_jax.algos import losses
 from ragen_jax.algos.presets import uses_critic, uses_reference
-from ragen_jax.models import kv_cache, transformer
+from ragen_jax.models import lm
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.train import update
 
@@ -98,9 +98,9 @@ def num_params(shapes) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
 
 
-def param_shapes(model_config: ModelConfig):
-    """ShapeDtypeStructs of `transformer.init_params(model_config, key)` (no parameter is built)."""
-    return jax.eval_shape(functools.partial(transformer.init_params, model_config), jax.random.key(0))
+def param_shapes(model: lm.CausalLM):
+    """ShapeDtypeStructs of `model.init_params(key)` (no parameter is built)."""
+    return jax.eval_shape(model.init_params, jax.random.key(0))
 
 
 def _nbytes(x) -> int:
@@ -134,7 +134,8 @@ def estimate(config, model_config: ModelConfig, num_devices: int) -> Estimate:
 
     Args:
       config: a `configs/base.py` config, validated for `num_devices` (its mesh resolves against them).
-      model_config: the policy's shapes, e.g. `ragen_jax.train.build.build_model_config(config, tokenizer)`.
+      model_config: the policy's shapes, e.g. `ragen_jax.train.build.build_model_config(config, tokenizer)`, of the
+        `model.arch` architecture.
       num_devices: devices the mesh spans (`mesh.data = -1` takes all of them after fsdp and sweep).
     Returns:
       An `Estimate`; sizes in bytes.
@@ -146,7 +147,8 @@ def estimate(config, model_config: ModelConfig, num_devices: int) -> Estimate:
     batch, length = r.num_groups * r.group_size, r.max_model_len
     micro = a.ppo_micro_batch_size or a.ppo_mini_batch_size
     update_config = update.UpdateConfig.from_config(config)
-    actor = param_shapes(model_config)
+    model = lm.make(config.model.arch, model_config)
+    actor = param_shapes(model)
     count = num_params(actor)
     opt = jax.eval_shape(functools.partial(update.optimizer_init, config=update_config), actor)
 
@@ -154,7 +156,7 @@ def estimate(config, model_config: ModelConfig, num_devices: int) -> Estimate:
             _param_like("actor AdamW", "mu, nu: 2 x f32 per parameter", RESIDENT, opt, fsdp)]
     critic = None
     if uses_critic(config):
-        critic = jax.eval_shape(functools.partial(transformer.init_value_params, model_config), jax.random.key(0))
+        critic = jax.eval_shape(model.init_value_params, jax.random.key(0))
         critic_opt = jax.eval_shape(functools.partial(update.optimizer_init, config=update_config), critic)
         rows += [_param_like("critic parameters", f"{num_params(critic):,} x f32 (backbone + value head)", RESIDENT,
                              critic, fsdp),
@@ -162,18 +164,18 @@ def estimate(config, model_config: ModelConfig, num_devices: int) -> Estimate:
     if uses_reference(config):
         rows.append(_param_like("reference parameters", f"{count:,} x f32 (KL on)", RESIDENT, actor, fsdp))
 
-    cache = jax.eval_shape(functools.partial(kv_cache.init_cache, model_config, batch, length))
+    cache = jax.eval_shape(functools.partial(model.init_cache, batch, length))
     rows.append(_batch_major("KV cache", ROLLOUT, cache.k, parts, copies=2, label="k, v: ", axis=1))
 
     def hidden(rows_at_once: int):
         tokens = jax.ShapeDtypeStruct((rows_at_once, length - 1), jnp.int32)
-        return jax.eval_shape(functools.partial(transformer.hidden_states, model_config), actor, tokens)
+        return jax.eval_shape(model.hidden_states, actor, tokens)
 
     def logits_block(rows_at_once: int):
         size = losses.block_positions(rows_at_once, length - 1, model_config.vocab_size, update_config.logits_chunk)
         states = hidden(rows_at_once)
         block = jax.ShapeDtypeStruct((rows_at_once, size, states.shape[-1]), states.dtype)
-        return jax.eval_shape(functools.partial(transformer.logits_from_hidden, model_config), actor, block)
+        return jax.eval_shape(model.logits_from_hidden, actor, block)
 
     rows.append(_batch_major("hidden states, scoring pass", SCORING, hidden(batch), parts))
     rows.append(_batch_major("logits block, scoring pass", SCORING, logits_block(batch), parts))

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ragen_jax.models import transformer
+from ragen_jax.models.lm import CausalLM
 from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.train import batch as batch_lib
 from ragen_jax.train import update
@@ -32,9 +32,10 @@ from ragen_jax.train.demonstrations import Demonstrator
 WIDTH_MULTIPLE = 256  # coarse: every new width compiles the SFT step once
 
 
-def sft_loss(model_config, params, tokens, positions, attention, loss_mask):
-    """Mean negative log-likelihood f32[] of the masked target tokens (loss_mask f32[B, L-1] scores tokens[:, 1:])."""
-    logp, _ = update.token_logprobs(transformer.CausalLM(model_config), params, tokens, positions, attention,
+def sft_loss(model: CausalLM, params, tokens, positions, attention, loss_mask):
+    """Mean negative log-likelihood f32[] under `model` of the masked target tokens (loss_mask f32[B, L-1] scores
+    tokens[:, 1:])."""
+    logp, _ = update.token_logprobs(model, params, tokens, positions, attention,
                                     jnp.float32(1.0))  # a block of positions' logits at a time
     return -(logp * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)
 
@@ -59,7 +60,7 @@ def warm_start(rollout: Rollout, tokenizer, params, env_params, key: jax.Array, 
 
     @jax.jit
     def train_step(params, opt_state, tokens, positions, attention, loss_mask):
-        loss, grads = jax.value_and_grad(functools.partial(sft_loss, rollout.model_config))(
+        loss, grads = jax.value_and_grad(functools.partial(sft_loss, rollout.model))(
             params, tokens, positions, attention, loss_mask)
         params, opt_state, _, _ = update.optimizer_step(params, opt_state, grads, jnp.float32(lr), config)
         return params, opt_state, loss

@@ -40,7 +40,7 @@ from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import estimators
 from ragen_jax.algos import rewards as rewards_lib
 from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
-from ragen_jax.models import transformer
+from ragen_jax.models import lm
 from ragen_jax.rollout.metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout, Trajectory
 from ragen_jax.train import batch as batch_lib
@@ -99,15 +99,16 @@ class TrainStep:
     Args:
       config: a `configs/base.py` config checked by `ragen_jax.config.validate` (e.g. minibatches dividing the
         batch); env, tokenizer: the environment and its tokenizer;
-      model_config: the policy's ModelConfig; chat_format: a `ragen_jax.models.chat.ChatFormat`.
+      model_config: the policy's ModelConfig, built as the `model.arch` architecture (`models.lm.make`) into the
+        step's `model`; chat_format: a `ragen_jax.models.chat.ChatFormat`.
     """
 
     def __init__(self, config, env, tokenizer, model_config, chat_format):
         r, d = config.rollout, config.diagnostics
-        self.model_config = model_config
+        self.model = lm.make(config.model.arch, model_config)
 
         def rollout(num_groups: int, group_size: int) -> Rollout:
-            return Rollout(env, tokenizer, chat_format, model_config, num_groups=num_groups, group_size=group_size,
+            return Rollout(env, tokenizer, chat_format, self.model, num_groups=num_groups, group_size=group_size,
                            max_turn=r.max_turn, response_length=r.response_length, max_len=r.max_model_len,
                            top_k=r.top_k, format_penalty=r.format_penalty)
 
@@ -121,14 +122,14 @@ class TrainStep:
         self.analysis_rollout = None
         if d.grad_analysis_every > 0 and d.grad_analysis_num_groups > 0:
             self.analysis_rollout = rollout(d.grad_analysis_num_groups, d.grad_analysis_group_size or r.group_size)
-        self.logits_fn = transformer.CausalLM(model_config)  # scorers unembed a few positions at a time
-        self.values_fn = functools.partial(transformer.values, model_config)
+        self.logits_fn = self.model  # a CausalLM: scorers unembed a few positions at a time
+        self.values_fn = self.model.values
 
     def init(self, key: jax.Array, actor_params) -> TrainState:
         """The state before step 1: the critic copies the actor's backbone, the reference is the initial actor.
         Every leaf is a fresh buffer (optimizer states share zero arrays otherwise), so the step can donate it."""
         o = self.options
-        critic = transformer.init_value_params(self.model_config, key, actor_params) if o.use_critic else None
+        critic = self.model.init_value_params(key, actor_params) if o.use_critic else None
         state = TrainState(
             step=jnp.int32(0), actor=actor_params, actor_opt=update.optimizer_init(actor_params, o.update_config),
             critic=critic, critic_opt=update.optimizer_init(critic, o.update_config) if o.use_critic else None,
@@ -168,7 +169,7 @@ class TrainStep:
         """(the collapse diagnostics' next EMA state, their metrics) on the unfiltered batch, on their schedule."""
         o = self.options
         step, hyper, _, diag_key = self._begin(state, key, hyper)
-        score_fn = functools.partial(cross_logprobs.cross_log_probs, self.model_config, state.actor,
+        score_fn = functools.partial(cross_logprobs.cross_log_probs, self.model, state.actor,
                                      temperature=hyper.actor.temperature, num_tiers=o.collapse.width_tiers)
         metrics, collapse_state = sampling.collapse_diagnostics_every(
             step, score_fn, batch_lib.reasoning_spans(traj), diag_key, state.collapse, o.collapse, o.std_eps,

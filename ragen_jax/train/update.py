@@ -15,17 +15,17 @@ micro-batch losses over micro-batches that hold a kept row (verl divides by the 
 Model functions are generic: `logits_fn(params, tokens, positions, attention_mask) -> f32[B, T, V]` and
 `values_fn(params, tokens, positions, attention_mask) -> f32[B, T]` must be causal; they are called on the
 first L-1 tokens, whose outputs score the (B, L-1) targets `tokens[:, 1:]`
-(docs/prompts_and_parsing.md#token-layout-and-the-loss-mask). A `logits_fn` that is also a `SplitLM` (e.g.
-`transformer.CausalLM`) is scored from its final hidden states, unembedding blocks of positions that hold at most
-`UpdateConfig.logits_chunk` logits (or one position of every row), so a large vocabulary's f32[B, T, V] logits never
-exist, in the forward or the backward pass; a plain function's logits are computed whole (then reduced over
-vocabulary chunks).
+(docs/prompts_and_parsing.md#token-layout-and-the-loss-mask). A `logits_fn` that is a `models.lm.CausalLM` (the
+model seam, split at its LM head) is scored from its final hidden states, unembedding blocks of positions that hold
+at most `UpdateConfig.logits_chunk` logits (or one position of every row), so a large vocabulary's f32[B, T, V]
+logits never exist, in the forward or the backward pass; a plain function's logits are computed whole (then reduced
+over vocabulary chunks).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,22 +37,12 @@ from ragen_jax import sharding
 from ragen_jax.algos.losses import DEFAULT_LOGITS_CHUNK, DEFAULT_VOCAB_CHUNK, agg_loss, hidden_logprobs_and_entropy
 from ragen_jax.algos.losses import kl_penalty, logprobs_and_entropy, masked_mean, policy_loss, value_loss
 from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
+from ragen_jax.models.lm import CausalLM
 
 Params = Any
 LogitsFn = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
 ValuesFn = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
 CLIP_NORM_EPS = 1e-6  # torch clip_grad_norm_: coef = max_norm / (norm + 1e-6)
-
-
-@runtime_checkable
-class SplitLM(Protocol):
-    """A causal LM split at its LM head (`transformer.CausalLM`), so scoring unembeds a few positions at a time."""
-
-    def hidden_states(self, params, tokens, positions, attention_mask) -> jax.Array:
-        """f32[B, T, D] final hidden states of int32[B, T] tokens."""
-
-    def logits_from_hidden(self, params, hidden) -> jax.Array:
-        """LM head: f32[..., D] -> f32[..., V]."""
 
 
 class UpdateBatch(NamedTuple):
@@ -80,7 +70,7 @@ class UpdateConfig:
     use_kl_loss: bool = False
     kl_loss_type: str = "kl"
     vocab_chunk: int = DEFAULT_VOCAB_CHUNK  # vocabulary entries per step of the streamed logsumexp / entropy
-    logits_chunk: int = DEFAULT_LOGITS_CHUNK  # logits (rows x positions x vocabulary) a SplitLM scorer holds at once
+    logits_chunk: int = DEFAULT_LOGITS_CHUNK  # logits (rows x positions x vocabulary) a CausalLM scorer holds at once
     b1: float = 0.9
     b2: float = 0.999
     adam_eps: float = 1e-8
@@ -173,19 +163,19 @@ def _inputs(tokens, positions, attention_mask):
     return tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1]
 
 
-def token_logprobs(logits_fn: LogitsFn | SplitLM, params, tokens, positions, attention_mask, temperature,
+def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, attention_mask, temperature,
                    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
                    logits_chunk: int = DEFAULT_LOGITS_CHUNK) -> tuple[jax.Array, jax.Array]:
     """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
 
-    tokens, positions: int32[B, L]; attention_mask: bool[B, L]. A `SplitLM` is scored from its hidden states,
+    tokens, positions: int32[B, L]; attention_mask: bool[B, L]. A `CausalLM` is scored from its hidden states,
     in blocks of positions holding at most `logits_chunk` logits (`losses.hidden_logprobs_and_entropy`; in the
     backward pass too, one position of every row at least); a plain logits function's f32[B, L-1, V]
     logits are computed whole. The same code scores old log-probs before the update and new ones inside it, so
     the ratio is 1 on the first minibatch up to float32 rounding (docs/architecture.md, design rule 6).
     """
     inputs, targets = _inputs(tokens, positions, attention_mask), tokens[:, 1:]
-    if isinstance(logits_fn, SplitLM):
+    if isinstance(logits_fn, CausalLM):
         unembed = functools.partial(logits_fn.logits_from_hidden, params)
         hidden = logits_fn.hidden_states(params, *inputs)
         return hidden_logprobs_and_entropy(unembed, hidden, targets, temperature, logits_chunk, vocab_chunk)
@@ -299,7 +289,7 @@ def actor_update(logits_fn: LogitsFn, params, opt_state, batch: UpdateBatch, kep
     (docs/rewards_and_objectives.md#policy-loss).
 
     Args:
-      logits_fn: causal `(params, tokens, positions, attention_mask) -> f32[B, T, V]`, or a `SplitLM` (scored in
+      logits_fn: causal `(params, tokens, positions, attention_mask) -> f32[B, T, V]`, or a `CausalLM` (scored in
         token chunks, see `token_logprobs`).
       params, opt_state: actor parameters and `optimizer_init` state.
       batch: compacted `UpdateBatch` (B a multiple of `config.minibatch_size`).

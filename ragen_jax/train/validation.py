@@ -35,6 +35,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ragen_jax.models import lm
 from ragen_jax.rollout.metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout, Trajectory
 
@@ -71,12 +72,14 @@ class Validator:
 
     Args:
       config: a validated `configs/base.py` config; env, tokenizer: the environment and its tokenizer;
-      model_config: the policy's ModelConfig; chat_format: a `ragen_jax.models.chat.ChatFormat`.
+      model_config: the policy's ModelConfig, built as the `model.arch` architecture (`models.lm.make`);
+      chat_format: a `ragen_jax.models.chat.ChatFormat`.
     """
 
     def __init__(self, config, env, tokenizer, model_config, chat_format):
         r = config.rollout
-        self.rollout = Rollout(env, tokenizer, chat_format, model_config, num_groups=r.val_num_groups,
+        model = lm.make(config.model.arch, model_config)
+        self.rollout = Rollout(env, tokenizer, chat_format, model, num_groups=r.val_num_groups,
                                group_size=r.val_group_size, max_turn=r.max_turn, response_length=r.response_length,
                                max_len=r.max_model_len, top_k=r.top_k, format_penalty=r.format_penalty)
         self.group_size = r.val_group_size

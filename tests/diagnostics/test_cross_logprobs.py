@@ -13,6 +13,7 @@ CONFIG = ModelConfig(vocab_size=61, d_model=32, num_layers=2, num_heads=4, num_k
                      max_seq_len=64)
 COLS, PROMPT, ROWS, REASON = 5, 13, 7, 9
 TEMPERATURE = 0.7
+MODEL = transformer.DecoderLM(CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +24,10 @@ def params():
 
 
 # one row and one column per chunk: every row and prompt picks its own width tier (Z: 3, 5, 9; P: 4, 7, 13)
-_cached = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG, row_chunk=1, col_chunk=1))
-_cached_untiered = jax.jit(functools.partial(cross_logprobs.cross_log_probs, CONFIG, row_chunk=0, col_chunk=0,
+_cached = jax.jit(functools.partial(cross_logprobs.cross_log_probs, MODEL, row_chunk=1, col_chunk=1))
+_cached_untiered = jax.jit(functools.partial(cross_logprobs.cross_log_probs, MODEL, row_chunk=0, col_chunk=0,
                                              num_tiers=1))
-_naive = jax.jit(functools.partial(cross_logprobs.cross_log_probs_naive, CONFIG))
+_naive = jax.jit(functools.partial(cross_logprobs.cross_log_probs_naive, MODEL))
 
 
 def _inputs(seed):

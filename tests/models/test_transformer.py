@@ -224,8 +224,8 @@ def test_greedy_generation_equals_transformers(pair):
                           eos_token_id=None).numpy()[:, T:]
     prompt, _ = _pad(seqs, left=False)
     result, cache = sampler.generate(
-        c, model.params, model.init_cache(3, 32), jnp.asarray(prompt), jnp.asarray(LENGTHS), jax.random.key(0),
-        jnp.float32(0.0), jnp.float32(1.0), max_new_tokens=8)
+        models.DecoderLM(c), model.params, model.init_cache(3, 32), jnp.asarray(prompt), jnp.asarray(LENGTHS),
+        jax.random.key(0), jnp.float32(0.0), jnp.float32(1.0), max_new_tokens=8)
     np.testing.assert_array_equal(np.asarray(result.tokens), out)
     np.testing.assert_array_equal(result.lengths, [8, 8, 8])
     np.testing.assert_array_equal(cache.lengths, LENGTHS + 8)

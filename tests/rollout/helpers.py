@@ -34,7 +34,7 @@ def scripted_params(config, tokenizer, scale: float = 10.0):
 def run(setup, params, max_len, temperature, key=1):
     """(Rollout, Trajectory with numpy leaves) of the tiny geometry under `jax.jit`."""
     tokenizer, env, env_params, config = setup
-    rollout = Rollout(env, tokenizer, chat.plain(), config, num_groups=GROUPS, group_size=GROUP_SIZE, max_turn=TURNS,
-                      response_length=RESPONSE, max_len=max_len)
+    rollout = Rollout(env, tokenizer, chat.plain(), models.DecoderLM(config), num_groups=GROUPS, group_size=GROUP_SIZE,
+                      max_turn=TURNS, response_length=RESPONSE, max_len=max_len)
     traj = jax.jit(rollout)(params, jax.random.key(key), env_params, jnp.float32(temperature), jnp.float32(1.0))
     return rollout, jax.tree.map(np.asarray, traj)

@@ -136,5 +136,5 @@ def test_reward_text_format():
 def test_too_small_buffer_is_rejected(setup):
     tokenizer, env, _, config = setup
     with pytest.raises(ValueError, match="rollout.max_model_len = 300 is invalid: cannot hold"):
-        Rollout(env, tokenizer, chat.plain(), config, num_groups=1, group_size=1, max_turn=1, response_length=8,
-                max_len=300)
+        Rollout(env, tokenizer, chat.plain(), transformer.DecoderLM(config), num_groups=1, group_size=1, max_turn=1,
+                response_length=8, max_len=300)

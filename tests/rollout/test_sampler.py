@@ -11,6 +11,7 @@ from ragen_jax.rollout import sampler
 
 CONFIG = models.ModelConfig(vocab_size=24, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                             mlp_dim=64, qkv_bias=True, max_seq_len=64)
+MODEL = models.DecoderLM(CONFIG)
 B, T, N = 4, 6, 8  # rows, prompt chunk width, max new tokens: one compiled shape for most tests
 PROMPT_LENGTHS = np.array([6, 3, 1, 4], np.int32)
 NUM_DRAWS = 20000
@@ -33,7 +34,7 @@ def _prompt(seed):
 
 def _generate(params, prompt, key, temperature=1.0, stop=NO_STOP, cache=None, active=(True,) * B):
     cache = models.init_cache(CONFIG, B, 40) if cache is None else cache
-    return sampler.generate(CONFIG, params, cache, jnp.asarray(prompt), jnp.asarray(PROMPT_LENGTHS), key,
+    return sampler.generate(MODEL, params, cache, jnp.asarray(prompt), jnp.asarray(PROMPT_LENGTHS), key,
                             jnp.float32(temperature), jnp.float32(1.0), jnp.asarray(stop), jnp.asarray(active),
                             max_new_tokens=N)
 
@@ -163,7 +164,7 @@ def test_multi_turn_generation_continues_on_the_same_cache(params):
     np.testing.assert_array_equal(out2.lengths, np.where(active, N, 0))
     np.testing.assert_array_equal(cache.lengths, PROMPT_LENGTHS + N + np.where(active, PROMPT_LENGTHS + N, 0))
     final_obs, final_len = _prompt(5)[:, :3], np.array([3, 1, 2, 2], np.int32)
-    cache = sampler.extend(CONFIG, params, cache, jnp.asarray(final_obs), jnp.asarray(final_len))
+    cache = sampler.extend(MODEL, params, cache, jnp.asarray(final_obs), jnp.asarray(final_len))
     rows = [np.concatenate([prompt1[b, :PROMPT_LENGTHS[b]], out1.tokens[b]]
                            + ([prompt2[b, :PROMPT_LENGTHS[b]], out2.tokens[b]] if active[b] else [])
                            + [final_obs[b, :final_len[b]]]) for b in range(B)]
@@ -197,7 +198,7 @@ def test_num_tokens_limits_sampling_to_the_tokenizer_vocabulary(params):
     """A model vocabulary padded beyond the tokenizer's: ids >= num_tokens are never sampled, and log-probs are
     those of the softmax renormalised over the allowed ids."""
     cache = models.init_cache(CONFIG, B, 40)
-    out, _ = sampler.generate(CONFIG, params, cache, jnp.asarray(_prompt(7)), jnp.asarray(PROMPT_LENGTHS),
+    out, _ = sampler.generate(MODEL, params, cache, jnp.asarray(_prompt(7)), jnp.asarray(PROMPT_LENGTHS),
                               jax.random.key(12), jnp.float32(1.0), jnp.float32(1.0), jnp.asarray(NO_STOP),
                               jnp.ones((B,), bool), max_new_tokens=N, num_tokens=5)
     assert (np.asarray(out.tokens) < 5).all() and (np.asarray(out.lengths) == N).all()

@@ -43,7 +43,7 @@ def test_template_policy_has_zero_mutual_information():
     spans = batch_lib.reasoning_spans(jax.tree.map(jnp.asarray, traj))
     assert tokenizer.decode(traj.tokens[0, traj.think_start[0, 0]:][:traj.think_len[0, 0]]) == REASONING
     options = sampling.CollapseOptions(num_groups=GROUPS, num_samples=8, max_reasoning_len=16)
-    score = functools.partial(cross_logprobs.cross_log_probs, config, params, temperature=1.0)
+    score = functools.partial(cross_logprobs.cross_log_probs, transformer.DecoderLM(config), params, temperature=1.0)
     metrics, _ = jax.jit(lambda s, k: sampling.collapse_diagnostics(score, s, k, sampling.init_state(), options))(
         spans, jax.random.key(0))
     metrics = {k: float(v) for k, v in metrics.items()}

@@ -1,5 +1,5 @@
 """Token-chunked scoring (`losses.hidden_logprobs_and_entropy`, `update.token_logprobs` with a
-`transformer.CausalLM`): values and gradients equal a plain log-softmax over the whole logits computed in the
+`models.lm.CausalLM`): values and gradients equal a plain log-softmax over the whole logits computed in the
 test, and the compiled backward pass holds no [B, T, V] float32 array."""
 import functools
 
@@ -105,7 +105,7 @@ def test_causal_lm_scoring_matches_plain_log_softmax(tied):
     tokens, positions, attention = model_batch()
 
     def chunked(p):
-        return update.token_logprobs(transformer.CausalLM(config), p, tokens, positions, attention, TEMPERATURE,
+        return update.token_logprobs(transformer.DecoderLM(config), p, tokens, positions, attention, TEMPERATURE,
                                      vocab_chunk=16, logits_chunk=5 * VOCAB)
 
     def plain(p):
@@ -137,7 +137,7 @@ def test_actor_update_with_causal_lm_equals_logits_function():
                               logits_chunk=4 * VOCAB)
     run = jax.jit(update.actor_update, static_argnums=(0, 6))
     opt = update.optimizer_init(params, upd)
-    got = run(transformer.CausalLM(config), params, opt, batch, ROWS, hyper, upd)
+    got = run(transformer.DecoderLM(config), params, opt, batch, ROWS, hyper, upd)
     want = run(functools.partial(transformer.apply, config), params, opt, batch, ROWS, hyper, upd)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6), got[0], want[0])
     for name in ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/grad_norm"):

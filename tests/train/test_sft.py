@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from ragen_jax import models
 from ragen_jax.models import chat
 from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.train import sft
@@ -27,8 +28,8 @@ def setup():
 
 def make_rollout(setup, num_groups: int, group_size: int, max_turn: int = 3, max_len: int = 1536) -> Rollout:
     tokenizer, env, _, config = setup
-    return Rollout(env, tokenizer, chat.plain(), config, num_groups=num_groups, group_size=group_size,
-                   max_turn=max_turn, response_length=64, max_len=max_len)
+    return Rollout(env, tokenizer, chat.plain(), models.DecoderLM(config), num_groups=num_groups,
+                   group_size=group_size, max_turn=max_turn, response_length=64, max_len=max_len)
 
 
 @pytest.mark.parametrize("oracle_prob", [1.0, 0.0])

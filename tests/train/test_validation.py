@@ -38,8 +38,8 @@ def setup():
     env, env_params = environments.make("frozen_lake", tokenizer)
     model_config = models.ModelConfig.from_config(config.model, tokenizer.vocab_size)
     validator = Validator(config, env, tokenizer, model_config, chat.plain())
-    reference = Rollout(env, tokenizer, chat.plain(), model_config, num_groups=VAL_GROUPS, group_size=1, max_turn=2,
-                        response_length=16, max_len=1024)
+    reference = Rollout(env, tokenizer, chat.plain(), models.DecoderLM(model_config), num_groups=VAL_GROUPS,
+                        group_size=1, max_turn=2, response_length=16, max_len=1024)
     return dict(validator=validator, run=jax.jit(validator.run), reference=jax.jit(reference), env_params=env_params,
                 scripted=scripted_params(model_config, tokenizer, scale=2.0),  # mostly well-formed answers
                 noisy=scripted_params(model_config, tokenizer, scale=0.5))  # another policy on the same prompts
