@@ -30,7 +30,7 @@ TINY = {"env.name": "bandit", "rollout.num_groups": 2, "rollout.group_size": 2, 
         "train.sft_steps": 12, "optim.actor_lr": 1e-2, "train.sft_batch_size": 2, "train.total_steps": 10, "train.test_freq": 0,
         "checkpoint.save_freq": 1, "logging.tensorboard": False, "logging.samples_every": 0, "mesh.data": 1}
 TIMED = ("timing_s/", "perf/")  # the metrics that depend on the machine's speed
-KILLS = ("sft", "step", "checkpoint", "step", "checkpoint")  # the moment each process is killed at
+KILLS = ("sft", "step", "checkpoint")  # the moment each process is killed at; a final process then runs to the end
 
 
 def config_file(folder) -> str:
