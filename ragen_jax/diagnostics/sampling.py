@@ -29,7 +29,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from environments.pytrees import filled_like
+from environments.pytrees import filled, traced_once
 from ragen_jax.diagnostics import collapse, schedule
 
 FIRST_TURN = "collapse_first_turn_sample"
@@ -250,7 +250,9 @@ def collapse_diagnostics_every(step, score_fn: ScoreFn, spans: ReasoningSpans, k
     def compute(_):
         return collapse_diagnostics(score_fn, spans, key, state, options, std_eps, ema_decay)
 
+    compute, shapes = traced_once(compute, None)
+
     def skip(_):
-        return filled_like(lambda operand: compute(operand)[0], jnp.nan, None), state
+        return filled(shapes[0], jnp.nan), state
 
     return jax.lax.cond(should_compute(step, options.every), compute, skip, None)

@@ -33,7 +33,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from environments.pytrees import filled_like
+from environments.pytrees import filled, traced_once
 from ragen_jax import config as config_lib
 from ragen_jax import filtering, sharding
 from ragen_jax.algos import advantages as adv_lib
@@ -200,8 +200,10 @@ class TrainStep:
             return update.actor_update(self.logits_fn, state.actor, state.actor_opt, rows, kept.kept_rows, hyper.actor,
                                        o.update_config)
 
+        train_actor, shapes = traced_once(train_actor, None)
+
         def warm_up(_):  # critic warm-up steps leave the actor unchanged (metrics zero)
-            return state.actor, state.actor_opt, filled_like(lambda operand: train_actor(operand)[2], 0, None)
+            return state.actor, state.actor_opt, filled(shapes[2], 0)
 
         actor, actor_opt, actor_metrics = jax.lax.cond(step > o.critic_warmup, train_actor, warm_up, None)
         metrics = {**analysis_metrics, **critic_metrics, **actor_metrics, "train/step": step.astype(jnp.float32)}
@@ -333,10 +335,8 @@ class TrainStep:
             return analyse(rows_a, kept_a, scores_a, traj.group_ids, ro.num_groups, ro.group_size,
                            math.gcd(16, ro.batch_size))
 
-        def skip(_):
-            return filled_like(run, jnp.nan, None)
-
-        return jax.lax.cond(gradients.should_run(step, options.every), run, skip, None)
+        run, shapes = traced_once(run, None)
+        return jax.lax.cond(gradients.should_run(step, options.every), run, lambda _: filled(shapes, jnp.nan), None)
 
 
 def _call(name: str, fn, *args):

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from environments.pytrees import filled_like
+from environments.pytrees import filled, traced_once
 from ragen_jax import sharding
 from ragen_jax.algos.losses import DEFAULT_LOGITS_CHUNK, DEFAULT_VOCAB_CHUNK, agg_loss, hidden_logprobs_and_entropy
 from ragen_jax.algos.losses import kl_penalty, logprobs_and_entropy, masked_mean, policy_loss, value_loss
@@ -224,12 +224,13 @@ def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_r
     micro_batches = (_split(minibatch, micro), row_ids.reshape(-1, micro))
     grad_fn = jax.grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], micro_batches[0])
-    zeros = filled_like(lambda b: grad_fn(params, b, b.loss_mask), 0, first)
+    gradient, shapes = traced_once(lambda b, mask: grad_fn(params, b, mask), first, first.loss_mask)
+    zeros = filled(shapes, 0)
 
     def micro_step(acc, xs):
         batch, rows = xs
         active = rows[0] < kept_rows
-        run = lambda _: grad_fn(params, batch, batch.loss_mask * (rows < kept_rows)[:, None])  # noqa: E731
+        run = lambda _: gradient(batch, batch.loss_mask * (rows < kept_rows)[:, None])  # noqa: E731
         result = sharding.sweep_cond(active, run, lambda _: zeros, None)
         grads_sum, metrics_sum, count = acc
         grads_sum, metrics_sum = jax.tree.map(jnp.add, (grads_sum, metrics_sum), result)
@@ -267,7 +268,8 @@ def run_minibatches(loss_fn, params, opt_state, batch: UpdateBatch, kept_rows, l
                      f"{prefix}/nonfinite_skips": 1.0 - applied.astype(jnp.float32)}
             return (params, opt_state), stats
 
-        skip = lambda carry: (carry, filled_like(run, 0, carry)[1])
+        run, shapes = traced_once(run, (params, opt_state))
+        skip = lambda carry: (carry, filled(shapes[1], 0))  # noqa: E731
         return sharding.sweep_cond(rows[0] < kept_rows, run, skip, (params, opt_state))
 
     def epoch(carry, _):
