@@ -1,28 +1,20 @@
 """The `make demo` run: a tiny agent on the Bandit that visibly learns, on a laptop CPU in minutes.
 
-`configs/bandit.py:tiny` started from the shipped warm start `configs/warm_starts/bandit_tiny` (the d64 x 2 model
-after 1500 SFT steps on demonstrations with uniformly random arm choices, q = 0: the answer format is learned, the
+`configs/bandit.py:tiny`, which starts from the shipped warm start `configs/warm_starts/bandit_tiny` (the d64 x 2
+model after 1500 SFT steps on demonstrations with uniformly random arm choices, q = 0: the answer format is learned, the
 arm is a coin flip), then 40 GRPO steps with RAGEN-2's paper filter (softmax top-p 0.9 of the reward-variance
 mass, zero-variance groups allowed) and the collapse diagnostics every step; validation on 64 fixed prompts before
 training and every 5 steps, a checkpoint every 10. `make demo` runs it with `--workdir=runs/demo` (config.json,
 metrics.jsonl, TensorBoard events, checkpoints/ and report.png there; the same command again resumes). The warm
-start is remade by (33 min on 2 CPU cores):
-
-    .venv/bin/python experiments/warm_start.py --config=configs/bandit.py:tiny --config.train.sft_steps=1500 \\
-        --out=configs/warm_starts/bandit_tiny
+start is remade as configs/bandit.py says.
 
     ragen-train --config=configs/demo.py --workdir=runs/demo [--config.train.total_steps=60 ...]
 """
-import os
-
 from configs import bandit
 from ragen_jax.algos import presets
-
-WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_starts", "bandit_tiny")
 
 
 def get_config():
     return presets.apply_overrides(bandit.get_config("tiny"), {
-        "model.pretrained_path": WARM_START, "train.sft_steps": 0,
         "train.total_steps": 40, "train.test_freq": 5, "checkpoint.save_freq": 10, "logging.progress_bar": False,
     })

@@ -1,7 +1,7 @@
 """Warm-start a config's model on environment demonstrations and save it as a HF-style model folder.
 
-    .venv/bin/python experiments/warm_start.py --config=configs/bandit.py:tiny --config.train.sft_steps=1500 \
-        --out=ragen_jax/assets/bandit_tiny_warm_start
+    .venv/bin/python experiments/warm_start.py --config=configs/bandit.py:tiny --config.model.pretrained_path= \
+        --config.train.sft_steps=1500 --out=OUT
 
 Runs the same SFT warm start a training run does before step 1 (`ragen_jax.train.sft`, with the config's
 `train.sft_*` settings and seed), then writes `config.json` + `model.safetensors` (`ragen_jax.models.hf`) to
