@@ -79,3 +79,13 @@ def test_discovery_and_commands(tmp_path):
     argv = run_all.command("lm", quick=True)
     assert argv[1:] == ["-m", "experiments.benchmarks.lm", "--quick"]
     assert run_all.shown([str(run_all.ROOT / ".venv/bin/python"), "-m", "x"]) == ".venv/bin/python -m x"
+
+
+def test_a_missing_peer_refuses_to_start_and_names_the_install(monkeypatch, capsys):
+    monkeypatch.setattr(run_all, "_version", lambda p: None if p == "gym-sokoban" else "1.0")  # all but one
+    assert run_all.missing_peers() == ["gym-sokoban==0.0.6"]  # setup.py's pin, read from the installed metadata
+    monkeypatch.setattr("sys.argv", ["run_all", "--only", "vocab"])
+    with pytest.raises(SystemExit):
+        run_all.main()
+    assert "the peers are not installed (gym-sokoban==0.0.6): .venv/bin/pip install -e '.[bench]'" in \
+        capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Runs every benchmark in experiments/benchmarks/ and writes BENCHMARKS.md: the machine, the commit, each command, its
 figures, and its ratios against the peers and the goals.
 
+    .venv/bin/pip install -e '.[bench]'   # the peers (setup.py's "bench" extra): run_all refuses to start without
     .venv/bin/python -m experiments.benchmarks.run_all [--quick] [--only lm,envs] [--out BENCHMARKS.md]
 
 A benchmark is every module of this folder but this one and those whose name starts with an underscore (helpers).
@@ -29,6 +30,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -200,6 +202,13 @@ def _version(package: str) -> str | None:
         return None
 
 
+def missing_peers(distribution: str = "ragen-jax") -> list[str]:
+    """The requirements of `distribution`'s "bench" extra (setup.py) that are not installed, as `name==version`."""
+    extra = re.compile(r"""extra\s*==\s*["']bench["']""")
+    wanted = [r.split(";")[0].strip() for r in importlib.metadata.requires(distribution) or [] if extra.search(r)]
+    return [r for r in wanted if _version(re.split(r"[=<>!~ ]", r)[0]) is None]
+
+
 def header(quick: bool) -> list[tuple[str, str]]:
     """(label, text) of the date, commit, mode and machine."""
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
@@ -251,6 +260,8 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(names)}")
         names = [n for n in names if n in args.only.split(",")]
+    if missing := missing_peers():
+        parser.error(f"the peers are not installed ({', '.join(missing)}): .venv/bin/pip install -e '.[bench]'")
     top = header(args.quick)
     runs = []
     for i, name in enumerate(names, 1):
