@@ -101,6 +101,15 @@ def sweep_cond(pred: jax.Array, true_fn, false_fn, *operands):
     return jax.lax.cond(sweep_any(pred), taken, false_fn, *operands)
 
 
+def tiered(needed: jax.Array, tiers: tuple[int, ...], fn, operand):
+    """`fn(operand, w)` at the smallest static width w of ascending `tiers` that is >= `needed` (an i32 scalar; the
+    largest tier when none is): one compiled branch per tier, of which one runs, also in a vectorised sweep."""
+    if len(tiers) == 1:
+        return fn(operand, tiers[0])
+    tier = sweep_max(jnp.minimum(jnp.searchsorted(jnp.asarray(tiers), needed), len(tiers) - 1))
+    return jax.lax.switch(tier, [lambda x, w=w: fn(x, w) for w in tiers], operand)
+
+
 def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:
     """PartitionSpec of one parameter-like array: its largest dimension divisible by `fsdp` split over `fsdp`
     (the first such on ties); replicated when none is, or when fsdp = 1."""

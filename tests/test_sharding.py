@@ -62,3 +62,18 @@ def test_sweep_cond_is_one_branch_with_per_member_results():
     np.testing.assert_array_equal(jax.vmap(f, axis_name=sharding.SWEEP_AXIS)(xs), [1.0, 6.0])  # each its own branch
     np.testing.assert_array_equal(jax.vmap(f, axis_name=sharding.SWEEP_AXIS)(jnp.array([-1.0, -3.0])), [1.0, 3.0])
     assert float(f(jnp.float32(2.0))) == 4.0 and float(f(jnp.float32(-2.0))) == 2.0  # outside a sweep: a plain cond
+
+
+def test_tiered_runs_the_narrowest_width_holding_every_member():
+    def f(needed, row):  # the width the branch ran at, and the row's sum over that width
+        return sharding.tiered(needed, (4, 8, 12), lambda r, w: (jnp.int32(w), r[:w].sum()), row)
+
+    rows = jnp.arange(24.0).reshape(2, 12)
+    widths, sums = jax.vmap(f)(jnp.array([3, 6]), rows)  # another vmap: each member its own width
+    np.testing.assert_array_equal(widths, [4, 8])
+    np.testing.assert_array_equal(sums, [rows[0, :4].sum(), rows[1, :8].sum()])
+    swept = jax.vmap(f, axis_name=sharding.SWEEP_AXIS)
+    assert "cond[" in str(jax.make_jaxpr(swept)(jnp.array([3, 6]), rows))
+    np.testing.assert_array_equal(swept(jnp.array([3, 6]), rows)[0], [8, 8])  # a sweep: the widest member's width
+    assert int(f(jnp.int32(9), rows[0])[0]) == 12 and int(f(jnp.int32(20), rows[0])[0]) == 12  # past the last: last
+    assert int(f(jnp.int32(8), rows[0])[0]) == 8  # a width equal to the need holds it

@@ -59,12 +59,6 @@ def _sorted_chunks(lengths: jax.Array, chunk: int) -> jax.Array:
     return jnp.argsort(lengths, stable=True).astype(jnp.int32).reshape(-1, chunk)
 
 
-def _tiered(lengths: jax.Array, tiers: tuple[int, ...], fn, operand):
-    """`fn(operand, w)` at the smallest static width w in `tiers` holding max(lengths) (one branch per tier)."""
-    tier = sharding.sweep_max(jnp.searchsorted(jnp.asarray(tiers), jnp.max(lengths)))  # one branch in a sweep too
-    return jax.lax.switch(tier, [lambda x, w=w: fn(x, w) for w in tiers], operand)
-
-
 def cross_log_probs(model: CausalLM, params, prompts: jax.Array, prompt_len: jax.Array, reasoning: jax.Array,
                     reasoning_len: jax.Array, temperature=1.0, *, row_chunk: int = 16, col_chunk: int = 8,
                     num_tiers: int = 4):
@@ -112,12 +106,13 @@ def cross_log_probs(model: CausalLM, params, prompts: jax.Array, prompt_len: jax
             empty = lambda j: (jnp.zeros((rc,), jnp.float32),) * 2  # noqa: E731
             return jax.lax.map(lambda j: sharding.sweep_cond(lengths[j] > 0, score, empty, j), jnp.arange(cc))
 
-        return jax.lax.map(lambda ids: _tiered(reasoning_len[ids], width_tiers(max_reason, num_tiers), score_rows,
-                                               ids), row_chunks)
+        return jax.lax.map(lambda ids: sharding.tiered(jnp.max(reasoning_len[ids]), width_tiers(max_reason, num_tiers),
+                                                       score_rows, ids), row_chunks)
 
     col_chunks = _sorted_chunks(prompt_len, cc)
     mean, total = jax.lax.map(
-        lambda ids: _tiered(prompt_len[ids], width_tiers(max_prompt, num_tiers), score_columns, ids), col_chunks)
+        lambda ids: sharding.tiered(jnp.max(prompt_len[ids]), width_tiers(max_prompt, num_tiers), score_columns, ids),
+        col_chunks)
 
     def unsort(x):  # [col chunk, row chunk, cc, rc] -> [R, C]
         x = x.transpose(0, 2, 1, 3).reshape(num_cols, num_rows)

@@ -85,6 +85,19 @@ def write_layer(buffer: jax.Array, layer: jax.Array, lengths: jax.Array, new: ja
     return buffer.at[layer, rows, :, slots].set(new.astype(buffer.dtype), mode="drop")
 
 
+MIN_ATTENDED_WIDTH = 128  # the narrowest prefix of a cache that attention reads (see `attended_widths`)
+
+
+def attended_widths(max_len: int) -> tuple[int, ...]:
+    """The static prefix widths attention over a cache of `max_len` slots can read: 128, 256, 512, ... below
+    `max_len`, then `max_len`. Reading the smallest one that holds every row's slots costs under twice the slots in
+    use, where reading the whole preallocated cache costs `max_len` however short the rows are."""
+    widths = [MIN_ATTENDED_WIDTH]
+    while widths[-1] < max_len:
+        widths.append(widths[-1] * 2)
+    return tuple(w for w in widths if w < max_len) + (max_len,)
+
+
 def cache_attention_mask(lengths: jax.Array, steps: int, max_len: int) -> jax.Array:
     """bool[B, T, S]: new token t of row b (at slot lengths[b]+t) sees slots 0 .. lengths[b]+t."""
     query_slot = lengths[:, None] + jnp.arange(steps)[None, :]

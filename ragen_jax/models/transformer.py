@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax import sharding
 from ragen_jax.config import MODEL_ARCHS
 from ragen_jax.models import kv_cache as kv
 from ragen_jax.models import lm
@@ -274,8 +275,14 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
     lengths = cache.lengths
     if positions is None:
         positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    mask = kv.cache_attention_mask(lengths, T, cache.max_len)
     inv_freq = rope_inv_freq(config)
+    # every query's visible slots lie below max(lengths) + T: attention reads only a static prefix holding them
+    needed = jnp.max(lengths) + T
+
+    def attend(operands, width):
+        q, k_buf, v_buf, index = operands
+        return attention(q, k_buf[index, :, :, :width], v_buf[index, :, :, :width],
+                         kv.cache_attention_mask(lengths, T, width))
 
     def block(carry, xs):
         x, k_buf, v_buf = carry
@@ -284,7 +291,8 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
         q, k, v = _qkv(config, layer, h, positions, inv_freq)
         k_buf = kv.write_layer(k_buf, index, lengths, k)
         v_buf = kv.write_layer(v_buf, index, lengths, v)
-        x = x + _dense(attention(q, k_buf[index], v_buf[index], mask), layer["o_proj"])
+        attended = sharding.tiered(needed, kv.attended_widths(cache.max_len), attend, (q, k_buf, v_buf, index))
+        x = x + _dense(attended, layer["o_proj"])
         return (_mlp(config, layer, x), k_buf, v_buf), None
 
     carry = (_embed(config, params, tokens), cache.k, cache.v)

@@ -137,9 +137,14 @@ def generate(model: CausalLM, params: Params, cache: kv.KVCache, prompt: jax.Arr
         stop_sequences = np.zeros((0, 1), np.int32)
     stop_sequences = jnp.asarray(stop_sequences, jnp.int32)
     prompt_lengths = jnp.where(active, prompt_lengths, 0).astype(jnp.int32)
-    hidden, cache = model.hidden_states_with_cache(params, prompt, cache, prompt_lengths)
+
+    def prefill(cache, width):  # the chunk's first `width` columns hold every real token
+        hidden, cache = model.hidden_states_with_cache(params, prompt[:, :width], cache, prompt_lengths)
+        return _last_logits(model, params, hidden, prompt_lengths), cache
+
+    logits, cache = sharding.tiered(jnp.max(prompt_lengths), kv.attended_widths(prompt.shape[1]), prefill, cache)
     state = _LoopState(
-        step=jnp.int32(0), cache=cache, logits=_last_logits(model, params, hidden, prompt_lengths),
+        step=jnp.int32(0), cache=cache, logits=logits,
         tokens=jnp.full((B, max_new_tokens), pad_id, jnp.int32),
         logprobs=jnp.zeros((B, max_new_tokens), jnp.float32), lengths=jnp.zeros((B,), jnp.int32),
         done=~active | (cache.lengths >= cache.max_len), stopped=jnp.zeros((B,), bool),

@@ -11,6 +11,7 @@ import transformers
 
 from configs import base as base_config
 from ragen_jax import models
+from ragen_jax.models import kv_cache
 from ragen_jax.models import transformer as tfm
 from ragen_jax.rollout import sampler
 
@@ -211,6 +212,54 @@ def test_cross_turn_extension_and_row_broadcast(pair):
     for b in range(3):
         np.testing.assert_allclose(cont_logits[b, :len(turn2[b])], expected2[b, start:start + len(turn2[b])],
                                    atol=2e-5)
+
+
+def test_attention_reads_the_narrowest_cache_prefix(pair):
+    """A 300-slot cache (attended widths 128, 256, 300) holding NaN from slot 256 on: short rows decode within the
+    128-slot prefix, a 150-token chunk moves them to the 256 one, and every logit equals the uncached forward, so the
+    prefix chosen always holds the visible slots and the slots past it are never read."""
+    _, model = pair
+    c = dataclasses.replace(model.config, max_seq_len=320)
+    p = model.params
+    assert kv_cache.attended_widths(300) == (128, 256, 300)
+    seqs = _sequences(c.vocab_size, seed=8)
+    rng = np.random.default_rng(9)
+    decoded = rng.integers(1, c.vocab_size, size=(3, 2)).astype(np.int32)
+    chunk = rng.integers(1, c.vocab_size, size=(3, 150)).astype(np.int32)
+    cache = models.init_cache(c, 3, 300)
+    cache = cache.replace(k=cache.k.at[:, :, :, 256:].set(jnp.nan), v=cache.v.at[:, :, :, 256:].set(jnp.nan))
+    _, cache = _apply_with_cache(c, p, _pad(seqs, False)[0], cache, LENGTHS)
+    step_logits = []
+    for t in range(2):
+        logits, cache = _apply_with_cache(c, p, decoded[:, t:t + 1], cache, None)
+        step_logits.append(np.asarray(logits[:, 0]))
+    chunk_logits, cache = _apply_with_cache(c, p, chunk, cache, None)
+    np.testing.assert_array_equal(cache.lengths, LENGTHS + 152)
+    full, mask = _pad([np.concatenate([s, decoded[b], chunk[b]]) for b, s in enumerate(seqs)], False, width=162)
+    expected = np.asarray(_apply(c, p, full, None, mask))
+    for b, n in enumerate(LENGTHS):
+        for t in range(2):
+            np.testing.assert_allclose(step_logits[t][b], expected[b, n + t], atol=2e-5)
+        np.testing.assert_allclose(chunk_logits[b], expected[b, n + 2:n + 152], atol=2e-5)
+
+
+def test_generation_ignores_the_chunk_padding_width(pair):
+    """The same prompts right-padded to 10 or to 200 columns (the prefill runs at the narrowest of 128 / 200 that
+    holds them) give the same greedy tokens and the same cache."""
+    _, model = pair
+    c = dataclasses.replace(model.config, max_seq_len=320)
+    prompt, _ = _pad(_sequences(c.vocab_size, seed=10), left=False)
+    wide = np.zeros((3, 200), np.int32)
+    wide[:, :T] = prompt
+    results = [sampler.generate(models.DecoderLM(c), model.params, models.init_cache(c, 3, 256), jnp.asarray(x),
+                                jnp.asarray(LENGTHS), jax.random.key(0), jnp.float32(0.0), jnp.float32(1.0),
+                                max_new_tokens=6) for x in (prompt, wide)]
+    (narrow_out, narrow_cache), (wide_out, wide_cache) = results
+    np.testing.assert_array_equal(wide_out.tokens, narrow_out.tokens)
+    np.testing.assert_array_equal(wide_cache.lengths, LENGTHS + 6)
+    for b, n in enumerate(LENGTHS + 6):
+        np.testing.assert_allclose(wide_cache.k[:, b, :, :n], narrow_cache.k[:, b, :, :n], atol=2e-5)
+        np.testing.assert_allclose(wide_cache.v[:, b, :, :n], narrow_cache.v[:, b, :, :n], atol=2e-5)
 
 
 def test_greedy_generation_equals_transformers(pair):
