@@ -48,7 +48,8 @@ def make_mesh(config, devices: Sequence[jax.Device] | None = None) -> Mesh:
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
-def _ambient_batch_size() -> int:
+def batch_shards() -> int:
+    """How many ways the ambient mesh splits the batch (data x fsdp); 1 outside a mesh."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
         return 1
@@ -61,7 +62,7 @@ def shard_batch(tree: Any, axis: int = 0) -> Any:
     Leaves with fewer than `axis + 1` dimensions, or whose `axis` is not divisible by data*fsdp, are left as they are
     (GSPMD places them); outside an ambient mesh this is the identity.
     """
-    parts = _ambient_batch_size()
+    parts = batch_shards()
     if parts == 1:
         return tree
 
