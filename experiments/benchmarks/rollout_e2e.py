@@ -32,7 +32,8 @@ image render, `_peers.sokoban_step`) and the observation rendered as text (`_pee
 Timing: each side runs once untimed (warm-up), then `repeats` rounds run ours, then the peer, each round on a fresh
 batch of levels (the same levels for both sides). Each side's figures come from its fastest round: trajectories/s =
 trajectories / seconds, generated tokens/s = sampled tokens (stop tokens included) / seconds; the ratios are ours /
-peer. The peer's seconds are split into generate, prompt (render + tokenize) and env (the rest: env construction,
+peer. The fastest rounds of the two sides may have played different levels, so `success_all_rounds` (each side's
+success over every timed round, the same levels on both sides) is the figure to compare the sides' play by. The peer's seconds are split into generate, prompt (render + tokenize) and env (the rest: env construction,
 decode, parse, steps, observation renders). Prints one JSON line.
 """
 from __future__ import annotations
@@ -338,7 +339,9 @@ def bench(name: str, geometry: dict, repeats: int) -> dict:
             rounds["ours"].append(ours)
             rounds["peer"].append(peer)
     batch = geometry["num_groups"] * geometry["group_size"]
-    ours, peer = (rates(min(rounds[side], key=lambda x: x["seconds"]), batch) for side in ("ours", "peer"))
+    ours, peer = ({**rates(min(rounds[side], key=lambda x: x["seconds"]), batch),
+                   "success_all_rounds": round(float(np.mean([x["success"] for x in rounds[side]])), 4)}
+                  for side in ("ours", "peer"))
     return {"max_len": setup.max_len, "ours": {**ours, "compile_s": round(setup.compile_s, 2)},
             "peer": {**peer, "package": setup.peer_env.package, "torch_threads": threads,
                      "thread_calibration_s": calibration},
