@@ -53,7 +53,7 @@ from ragen_jax.models.config import ModelConfig
 Params = dict[str, Any]
 _INIT_STD = 0.02  # HF initializer_range
 _MIN_QUERY_BLOCK = 64  # causal_attention splits longer sequences into query blocks of at least this size
-_CPU_BLOCK_BYTES = 8 << 20  # row_blocked_attention's scores per block: about the last-level cache of a CPU
+_CPU_BLOCK_BYTES = 8 << 20  # cached_attention's scores per block: about the last-level cache of a CPU
 
 
 # ----------------------------------------------------------------------------------------------- initialisation
@@ -169,25 +169,33 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H * hd)
 
 
-def row_blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """`attention` over blocks of rows, one after another, on an unsharded CPU batch; plain `attention` elsewhere.
+def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: jax.Array, width: int,
+                     mask: jax.Array) -> jax.Array:
+    """`attention` of q [B, T, H, hd] over the first `width` (static) slots of layer `layer` (i32 scalar) of the KV
+    cache buffers k_buf, v_buf [L, B, K, S, hd]; mask bool[B, T, width]. Returns [B, T, H*hd].
 
-    XLA:CPU materialises the [rows, heads, T, S] scores (for one-token decode, a [rows, heads, S, hd] product) and
-    runs the softmax and the value product as separate passes over it: a block that stays in the last-level cache
-    runs those passes several times faster (measured with the tiny models here: 256 new tokens over 2048 cached
-    slots, 128 rows, 1.67 s -> 0.28 s; one-token decode over 2048 slots 28.7 -> 11.8 ms). A sharded batch or an
-    accelerator keeps the whole batch in one pass.
+    On an unsharded CPU batch the rows go in blocks, one after another, each reading its own rows of the buffers:
+    XLA:CPU materialises the [rows, heads, T, width] scores (for one-token decode, a [rows, heads, width, hd]
+    product) and passes over them several times, and a block that stays in the last-level cache makes those passes
+    several times faster (measured with the tiny models here: 256 new tokens over 2048 cached slots, 128 rows,
+    1.67 s -> 0.28 s; one-token decode over 2048 slots 28.7 -> 11.8 ms). A sharded batch or an accelerator reads
+    the whole batch in one pass.
     """
     B, T, H, hd = q.shape
-    if jax.default_backend() != "cpu" or sharding.batch_shards() > 1:
-        return attention(q, k, v, mask)
-    row_bytes = 4 * H * k.shape[2] * max(T, hd)
-    rows = max([n for n in range(1, B + 1) if B % n == 0 and n * row_bytes <= _CPU_BLOCK_BYTES], default=1)
+    K = k_buf.shape[2]
+
+    def block(start, rows):
+        k, v = (jax.lax.dynamic_slice(buf, (layer, start, 0, 0, 0), (1, rows, K, width, hd))[0] for buf in (k_buf, v_buf))
+        return attention(jax.lax.dynamic_slice_in_dim(q, start, rows), k, v,
+                         jax.lax.dynamic_slice_in_dim(mask, start, rows))
+
+    rows = B
+    if jax.default_backend() == "cpu" and sharding.batch_shards() == 1:
+        row_bytes = 4 * H * width * max(T, hd)
+        rows = max([n for n in range(1, B + 1) if B % n == 0 and n * row_bytes <= _CPU_BLOCK_BYTES], default=1)
     if rows == B:
-        return attention(q, k, v, mask)
-    split = tuple(a.reshape(B // rows, rows, *a.shape[1:]) for a in (q, k, v, mask))
-    blocks = jax.lax.map(lambda x: attention(*x), split)
-    return blocks.reshape(B, T, H * hd)
+        return block(0, B)
+    return jax.lax.map(lambda i: block(i * rows, rows), jnp.arange(B // rows)).reshape(B, T, H * hd)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -303,8 +311,7 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
 
     def attend(operands, width):
         q, k_buf, v_buf, index = operands
-        return row_blocked_attention(q, k_buf[index, :, :, :width], v_buf[index, :, :, :width],
-                                     kv.cache_attention_mask(lengths, T, width))
+        return cached_attention(q, k_buf, v_buf, index, width, kv.cache_attention_mask(lengths, T, width))
 
     def block(carry, xs):
         x, k_buf, v_buf = carry

@@ -353,16 +353,18 @@ def test_blocked_causal_attention_equals_reference():
     np.testing.assert_allclose(np.asarray(out)[pad], _numpy_attention(q, k, v, mask)[pad], atol=1e-5)
 
 
-def test_row_blocked_attention_equals_reference(monkeypatch):
-    """Rows in blocks (the CPU's cache-sized passes, forced small here): decode and chunk queries over a cache."""
-    monkeypatch.setattr(tfm, "_CPU_BLOCK_BYTES", 4 * 4 * 40 * 16 * 2)  # two rows per block
-    B, H, K, hd, S = 6, 4, 2, 8, 40
+def test_cached_attention_in_row_blocks_equals_reference(monkeypatch):
+    """Layer 1's first 32 of 40 cached slots, rows in blocks (the CPU's cache-sized passes, forced small here), for
+    decode and chunk queries."""
+    monkeypatch.setattr(tfm, "_CPU_BLOCK_BYTES", 4 * 4 * 32 * 8 * 2)  # two rows per block for one-token decode
+    B, H, K, hd, S, width = 6, 4, 2, 8, 40, 32
     rng = np.random.default_rng(11)
+    k_buf, v_buf = (rng.normal(size=(2, B, K, S, hd)).astype(np.float32) for _ in range(2))
     for T in (1, 12):
         q = rng.normal(size=(B, T, H, hd)).astype(np.float32)
-        k, v = (rng.normal(size=(B, S, K, hd)).astype(np.float32) for _ in range(2))
-        lengths = rng.integers(0, S - T, size=B)
-        mask = np.asarray(kv_cache.cache_attention_mask(jnp.asarray(lengths), T, S))
-        blocked = functools.partial(tfm.row_blocked_attention, q, k.swapaxes(1, 2), v.swapaxes(1, 2))
+        lengths = rng.integers(0, width - T, size=B)
+        mask = np.asarray(kv_cache.cache_attention_mask(jnp.asarray(lengths), T, width))
+        blocked = functools.partial(tfm.cached_attention, q, k_buf, v_buf, jnp.int32(1), width)
         assert "scan" in str(jax.make_jaxpr(blocked)(mask))  # blocks of 2 (T = 1) or 1 row(s), one after another
+        k, v = (buf[1, :, :, :width].swapaxes(1, 2) for buf in (k_buf, v_buf))  # [B, width, K, hd]
         np.testing.assert_allclose(np.asarray(jax.jit(blocked)(mask)), _numpy_attention(q, k, v, mask), atol=1e-5)
