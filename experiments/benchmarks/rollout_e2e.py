@@ -33,7 +33,8 @@ Timing: each side runs once untimed (warm-up), then `repeats` rounds run ours, t
 batch of levels (the same levels for both sides). Each side's figures come from its fastest round: trajectories/s =
 trajectories / seconds, generated tokens/s = sampled tokens (stop tokens included) / seconds; the ratios are ours /
 peer. The fastest rounds of the two sides may have played different levels, so `success_all_rounds` (each side's
-success over every timed round, the same levels on both sides) is the figure to compare the sides' play by. The peer's seconds are split into generate, prompt (render + tokenize) and env (the rest: env construction,
+success over every timed round, the same levels on both sides) is the figure to compare the sides' play by.
+The peer's seconds are split into generate, prompt (render + tokenize) and env (the rest: env construction,
 decode, parse, steps, observation renders). Prints one JSON line.
 """
 from __future__ import annotations

@@ -185,7 +185,8 @@ def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: ja
     K = k_buf.shape[2]
 
     def block(start, rows):
-        k, v = (jax.lax.dynamic_slice(buf, (layer, start, 0, 0, 0), (1, rows, K, width, hd))[0] for buf in (k_buf, v_buf))
+        k, v = (jax.lax.dynamic_slice(buf, (layer, start, 0, 0, 0), (1, rows, K, width, hd))[0]
+                for buf in (k_buf, v_buf))
         return attention(jax.lax.dynamic_slice_in_dim(q, start, rows), k, v,
                          jax.lax.dynamic_slice_in_dim(mask, start, rows))
 
