@@ -91,7 +91,8 @@ MIN_ATTENDED_WIDTH = 128  # the narrowest prefix of a cache that attention reads
 def attended_widths(max_len: int) -> tuple[int, ...]:
     """The static prefix widths attention over a cache of `max_len` slots can read: 128, 256, 512, ... below
     `max_len`, then `max_len`. Reading the smallest one that holds every row's slots costs under twice the slots in
-    use, where reading the whole preallocated cache costs `max_len` however short the rows are."""
+    use, where reading the whole preallocated cache costs `max_len` however short the rows are. The sampler pads a
+    prompt chunk to these widths of the chunk's own width the same way."""
     widths = [MIN_ATTENDED_WIDTH]
     while widths[-1] < max_len:
         widths.append(widths[-1] * 2)
