@@ -8,7 +8,9 @@ generation, parsing.
 B = num_groups * group_size envs are reset, the members of a group with the same key (same prompt,
 docs/prompts_and_parsing.md#batch-geometry-and-seeding). Each turn renders a turn chunk (`prompts.TurnPrompts`) around
 the env's observation, appends it to the KV cache and samples the response on the same cache (`sampler.generate`, so no
-turn re-reads the history), then the env parses the response (prefill included) and steps. Envs that are done stop
+turn re-reads the history), then the env parses the response (prefill included) and steps. A group's members share
+their turn-1 context (system prompt and first chunk), so it is prefilled once per group and copied to the members'
+cache rows before turn 1, which appends only its last token. Envs that are done stop
 generating; an env whose next turn would not fit in `max_len` tokens (chunk + `response_length` + closing) stops there
 and is marked `cut` (RAGEN instead drops the oldest turns,
 docs/prompts_and_parsing.md#context-length-and-turn-level-modes). After the last turn each trajectory is closed with the
@@ -78,7 +80,9 @@ class Trajectory:
 class TurnCarry:
     """The turn loop's state between turns (B rows, L = max_len).
 
-    cache: the KV cache of every row's buffer; tokens: i32[B, L] the buffer (pad after `length`);
+    cache: the KV cache of every row's buffer; cached: i32[B] how many leading tokens of the row's next chunk the
+    cache holds already (before turn 1 all but the last of it, see `Rollout._initial_carry`; 0 after);
+    tokens: i32[B, L] the buffer (pad after `length`);
     sampled: bool[B, L] and sample_logp: f32[B, L] as in `Trajectory`; length: i32[B] tokens written so far.
     env_state, obs: the envs' state and last observation (rows with leading B); reward: f32[B] the last taken
     turn's reward; stopped: bool[B] its response ended on a stop sequence; warn: bool[B] its action was invalid
@@ -86,6 +90,7 @@ class TurnCarry:
     """
 
     cache: kv.KVCache
+    cached: jax.Array
     tokens: jax.Array
     sampled: jax.Array
     sample_logp: jax.Array
@@ -200,14 +205,17 @@ class Rollout:
         """The turn-1 context of each trajectory exactly as `__call__` builds it with the same `key` (system
         prompt, user turn, assistant header and prefill): (tokens i32[B, S + C], length i32[B], TurnState)."""
         obs, state, _ = self._reset(jax.random.split(key, 3)[0], env_params)
-        off = jnp.zeros((self.batch_size,), bool)
-        chunk, chunk_len = self._chunks(jnp.int32(0), obs, state, jnp.zeros((self.batch_size,), jnp.float32), off, off)
-        system = self._system_rows()
-        return jnp.concatenate([system, chunk], axis=1), system.shape[1] + chunk_len, state
+        return *self._first_context(obs, state), state
 
-    def _system_rows(self) -> jax.Array:
-        """The system prompt of every row: i32[B, S] (S may be 0)."""
-        return jnp.broadcast_to(jnp.asarray(self.prompts.system_ids), (self.batch_size, len(self.prompts.system_ids)))
+    def _first_context(self, obs, state) -> tuple[jax.Array, jax.Array]:
+        """The turn-1 context of envs in these observations and states (leading axis n): the system prompt and the
+        first chunk, (tokens i32[n, S + C], length i32[n])."""
+        n = state.done.shape[0]
+        off = jnp.zeros((n,), bool)
+        chunk, chunk_len = self._chunks(jnp.int32(0), obs, state, jnp.zeros((n,), jnp.float32), off, off)
+        system_ids = self.prompts.system_ids
+        system = jnp.broadcast_to(jnp.asarray(system_ids, jnp.int32), (n, len(system_ids)))
+        return jnp.concatenate([system, chunk], axis=1), len(system_ids) + chunk_len
 
     def __call__(self, params, key: jax.Array, env_params, temperature, top_p) -> Trajectory:
         """params: policy parameters; key: PRNG key; temperature, top_p: f32 scalars (traced)."""
@@ -224,20 +232,19 @@ class Rollout:
         return self._close(carry, records, group_ids)
 
     def _initial_carry(self, params, obs, env_state) -> TurnCarry:
-        """The carry before turn 1: the system prompt written to the buffer and prefilled into a fresh cache."""
-        B, L = self.batch_size, self.max_len
-        system = self._system_rows()
-        cache = self.model.init_cache(B, L)
-        tokens = jnp.full((B, L), self.pad_id, jnp.int32)
-        length = jnp.zeros((B,), jnp.int32)
-        if system.shape[1]:
-            cache = self.model.hidden_states_with_cache(params, system, cache,
-                                                        jnp.full((B,), system.shape[1], jnp.int32))[1]
-            tokens = tokens.at[:, :system.shape[1]].set(system)
-            length = length + system.shape[1]
+        """The carry before turn 1: the system prompt written to the buffer, and the cache holding each row's turn-1
+        context but its last token (`TurnCarry.cached`). The members of a group share that context (same reset key),
+        so it is prefilled once per group and each member's cache rows are a copy of the group's."""
+        B, L, n = self.batch_size, self.max_len, self.group_size
+        context, context_len = self._first_context(*jax.tree.map(lambda x: x[::n], (obs, env_state)))
+        group_cache = self.model.hidden_states_with_cache(params, context, self.model.init_cache(self.num_groups, L),
+                                                          context_len - 1)[1]
+        system = len(self.prompts.system_ids)
+        tokens = jnp.full((B, L), self.pad_id, jnp.int32).at[:, :system].set(context[0, :system])
         off = jnp.zeros((B,), bool)
-        return TurnCarry(cache=cache, tokens=tokens, sampled=jnp.zeros((B, L), bool),
-                         sample_logp=jnp.zeros((B, L), jnp.float32), length=length, env_state=env_state, obs=obs,
+        return TurnCarry(cache=kv.repeat_rows(group_cache, n), cached=jnp.repeat(context_len - 1 - system, n),
+                         tokens=tokens, sampled=jnp.zeros((B, L), bool), sample_logp=jnp.zeros((B, L), jnp.float32),
+                         length=jnp.full((B,), system, jnp.int32), env_state=env_state, obs=obs,
                          reward=jnp.zeros((B,), jnp.float32), stopped=off, warn=off, success=off, cut=off)
 
     def _generate(self, params, carry: TurnCarry, t, key: jax.Array, temperature,
@@ -248,14 +255,16 @@ class Rollout:
         chunk, chunk_len = self._chunks(t, carry.obs, carry.env_state, carry.reward, carry.stopped, carry.warn)
         fits = carry.length + chunk_len + N + len(self.prompts.close_ids) <= self.max_len
         active = ~carry.env_state.done & ~carry.cut & fits
+        uncached = jax.vmap(jnp.roll)(chunk, -carry.cached)  # the chunk's tokens not yet in the cache, first
         out, cache = sampler.generate(
-            self.model, params, carry.cache, chunk, chunk_len, key, temperature, top_p, self.stop_sequences,
-            active, max_new_tokens=N, top_k=self.top_k, pad_id=self.pad_id, num_tokens=self.num_tokens)
+            self.model, params, carry.cache, uncached, chunk_len - carry.cached, key, temperature, top_p,
+            self.stop_sequences, active, max_new_tokens=N, top_k=self.top_k, pad_id=self.pad_id,
+            num_tokens=self.num_tokens)
         gen_len = jnp.where(active, out.lengths, 0)
         start = carry.length + chunk_len
         tokens = write_rows(carry.tokens, carry.length, chunk, jnp.where(active, chunk_len, 0))
         carry = carry.replace(
-            cache=cache, tokens=write_rows(tokens, start, out.tokens, gen_len),
+            cache=cache, cached=jnp.zeros_like(carry.cached), tokens=write_rows(tokens, start, out.tokens, gen_len),
             sampled=write_rows(carry.sampled, start, jnp.ones_like(out.tokens, bool), gen_len),
             sample_logp=write_rows(carry.sample_logp, start, out.logprobs, gen_len))
         return carry, Generation(active=active, fits=fits, start=start, out=out, gen_len=gen_len)

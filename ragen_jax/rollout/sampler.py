@@ -101,6 +101,17 @@ def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array, top
     return tokens, jnp.where(greedy[:, 0], 0.0, token_logp)
 
 
+SHORT_PROMPT = 8  # the narrowest prompt width `generate` prefills (see `prompt_widths`)
+
+
+def prompt_widths(width: int) -> tuple[int, ...]:
+    """The static widths at which `generate` prefills a prompt chunk `width` columns wide: `SHORT_PROMPT` when that
+    is narrower, then `kv.attended_widths(width)`. The narrowest holding every row's real tokens runs: a short
+    prompt (e.g. the rollout's turn 1, whose context is in the cache already but for its last token) does not pay
+    for a whole chunk of queries."""
+    return ((SHORT_PROMPT,) if SHORT_PROMPT < width else ()) + kv.attended_widths(width)
+
+
 def _last_logits(model: CausalLM, params, hidden, lengths):
     """Logits float32[B, V] at each row's last real chunk position (hidden float32[B, T, D])."""
     last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
@@ -142,7 +153,7 @@ def generate(model: CausalLM, params: Params, cache: kv.KVCache, prompt: jax.Arr
         hidden, cache = model.hidden_states_with_cache(params, prompt[:, :width], cache, prompt_lengths)
         return _last_logits(model, params, hidden, prompt_lengths), cache
 
-    logits, cache = sharding.tiered(jnp.max(prompt_lengths), kv.attended_widths(prompt.shape[1]), prefill, cache)
+    logits, cache = sharding.tiered(jnp.max(prompt_lengths), prompt_widths(prompt.shape[1]), prefill, cache)
     state = _LoopState(
         step=jnp.int32(0), cache=cache, logits=logits,
         tokens=jnp.full((B, max_new_tokens), pad_id, jnp.int32),

@@ -209,3 +209,10 @@ def test_num_tokens_limits_sampling_to_the_tokenizer_vocabulary(params):
         steps = PROMPT_LENGTHS[b] - 1 + np.arange(N)
         expected = np.asarray(logp)[steps, np.asarray(out.tokens[b])]
         np.testing.assert_allclose(out.logprobs[b], expected, atol=1e-4)
+
+
+def test_prompt_widths_add_a_short_tier_below_the_cache_widths():
+    """A short prompt (the rollout's turn 1 appends one token) is prefilled 8 wide, not at the chunk's tiers."""
+    assert sampler.prompt_widths(300) == (8, 128, 256, 300)
+    assert sampler.prompt_widths(100) == (8, 100)
+    assert sampler.prompt_widths(8) == (8,) and sampler.prompt_widths(6) == (6,)
