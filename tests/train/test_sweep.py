@@ -110,6 +110,10 @@ def test_members_match_the_plain_step(tmp_path):
     resumed_dir = str(tmp_path / "resumed")
     shutil.copytree(run_dir, resumed_dir)
     shutil.rmtree(os.path.join(resumed_dir, "ckpt", "2"))
+    # Fresh trace caches, as a resumed process would have: with the caches this process has filled (the plain step,
+    # two sweep programs), JAX's LRU trace caches evict mid-trace and the validator lowers with a few nested functions
+    # duplicated, a different module that misses the compilation cache (~30 s to compile again).
+    jax.clear_caches()
     _, resumed = sweep_lib.Sweep(config_for(resumed_dir, **{**CHECKPOINTS, "checkpoint.resume": True}), POINTS,
                                  log=None).run()
     assert [len(h) for h in resumed] == [1, 0]
