@@ -25,11 +25,19 @@ from ragen_jax.models.config import ModelConfig
 
 @flax.struct.dataclass
 class KVCache:
-    """k, v: [L, B, K, S, hd] compute dtype; lengths: int32[B] valid slots per row."""
+    """k, v: [L, B, K, S, hd] compute dtype; lengths: int32[B] valid slots per row.
+
+    shared: int32 scalar, group_size: static int. The rows come in groups of `group_size` consecutive rows whose
+    first `shared` slots hold the same keys and values (`shared <= lengths`); `repeat_rows` makes such groups and
+    one-token decode then reads those slots once per group (`transformer.hidden_states_with_cache`). A cache
+    without groups has group_size 1 and shared 0.
+    """
 
     k: jax.Array
     v: jax.Array
     lengths: jax.Array
+    shared: jax.Array
+    group_size: int = flax.struct.field(pytree_node=False, default=1)
 
     @property
     def max_len(self) -> int:
@@ -47,30 +55,34 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int | None = None)
         raise ValueError(f"KV cache max_len = {max_len} exceeds ModelConfig.max_seq_len = {config.max_seq_len}")
     shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
     return KVCache(k=jnp.zeros(shape, config.dtype), v=jnp.zeros(shape, config.dtype),
-                   lengths=jnp.zeros((batch_size,), jnp.int32))
+                   lengths=jnp.zeros((batch_size,), jnp.int32), shared=jnp.int32(0))
 
 
 def shard_rows(cache: KVCache) -> KVCache:
     """`sharding.shard_batch` for a cache: its rows (axis 1 of k/v) split over the ambient mesh's batch axes."""
-    return KVCache(k=sharding.shard_batch(cache.k, axis=1), v=sharding.shard_batch(cache.v, axis=1),
-                   lengths=sharding.shard_batch(cache.lengths))
+    return cache.replace(k=sharding.shard_batch(cache.k, axis=1), v=sharding.shard_batch(cache.v, axis=1),
+                         lengths=sharding.shard_batch(cache.lengths))
 
 
 def take_rows(cache: KVCache, row_ids: jax.Array) -> KVCache:
-    """A cache whose row i is a copy of `cache` row `row_ids[i]` (int32[B']); B' may differ from B."""
+    """A cache whose row i is a copy of `cache` row `row_ids[i]` (int32[B']); B' may differ from B. No groups."""
     return KVCache(k=jnp.take(cache.k, row_ids, axis=1), v=jnp.take(cache.v, row_ids, axis=1),
-                   lengths=jnp.take(cache.lengths, row_ids, axis=0))
+                   lengths=jnp.take(cache.lengths, row_ids, axis=0), shared=jnp.int32(0))
 
 
 def repeat_rows(cache: KVCache, repeats: int) -> KVCache:
-    """Each row repeated `repeats` times consecutively: row b becomes rows b*repeats .. b*repeats+repeats-1."""
-    return take_rows(cache, jnp.repeat(jnp.arange(cache.batch_size), repeats))
+    """Each row repeated `repeats` times consecutively: row b becomes rows b*repeats .. b*repeats+repeats-1, a group
+    sharing its first min(lengths) slots (`KVCache.shared`)."""
+    rows = take_rows(cache, jnp.repeat(jnp.arange(cache.batch_size), repeats))
+    if repeats == 1:
+        return rows
+    return rows.replace(shared=jnp.min(cache.lengths), group_size=repeats)
 
 
 def truncate(cache: KVCache, max_len: int) -> KVCache:
     """The first `max_len` slots of every row (static); rows longer than that keep only those slots."""
-    return KVCache(k=cache.k[:, :, :, :max_len], v=cache.v[:, :, :, :max_len],
-                   lengths=jnp.minimum(cache.lengths, max_len))
+    return cache.replace(k=cache.k[:, :, :, :max_len], v=cache.v[:, :, :, :max_len],
+                         lengths=jnp.minimum(cache.lengths, max_len), shared=jnp.minimum(cache.shared, max_len))
 
 
 def write_layer(buffer: jax.Array, layer: jax.Array, lengths: jax.Array, new: jax.Array) -> jax.Array:
@@ -99,7 +111,10 @@ def attended_widths(max_len: int) -> tuple[int, ...]:
     return tuple(w for w in widths if w < max_len) + (max_len,)
 
 
-def cache_attention_mask(lengths: jax.Array, steps: int, max_len: int) -> jax.Array:
-    """bool[B, T, S]: new token t of row b (at slot lengths[b]+t) sees slots 0 .. lengths[b]+t."""
+def cache_attention_mask(lengths: jax.Array, steps: int, width: int, start: jax.Array | int = 0,
+                         first: jax.Array | int = 0) -> jax.Array:
+    """bool[B, T, width] over slots start .. start+width-1: new token t of row b (at slot lengths[b]+t) sees slots
+    first .. lengths[b]+t."""
     query_slot = lengths[:, None] + jnp.arange(steps)[None, :]
-    return jnp.arange(max_len)[None, None, :] <= query_slot[:, :, None]
+    slots = start + jnp.arange(width)[None, None, :]
+    return (slots >= first) & (slots <= query_slot[:, :, None])

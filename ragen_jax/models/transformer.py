@@ -144,15 +144,19 @@ def _dense(x: jax.Array, p: Params) -> jax.Array:
     return y + p["bias"].astype(x.dtype) if "bias" in p else y
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+              prior: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
     """Grouped-query attention without materialising repeated kv heads.
 
     q: [B, T, H, hd]; k, v: [B, K, S, hd] (kv-head-major, the KV cache layout); mask: bool[B, T, S]
     (True = may attend). Returns [B, T, H*hd]. Scores and softmax in float32; a fully masked query row
     attends uniformly (no NaN).
+    prior: the same queries' attention over other keys, as `shared_prefix_attention` returns it (log-sum-exp of its
+    scaled scores float32[B, K, G, T], output [B, K, G, T, hd], G = H // K): merged in as one more key whose score is
+    that log-sum-exp and whose value is that output, which makes the result the attention over both sets of keys.
     """
     B, T, H, hd = q.shape
-    K = k.shape[1]
+    K, S = k.shape[1], k.shape[2]
     q = jnp.transpose(q.reshape(B, T, K, H // K, hd), (0, 2, 3, 1, 4))  # [B, K, G, T, hd]
     if T == 1:
         # one-token decode: broadcast-multiply + reduce fuses with the read of a cache layer slice, where a batch
@@ -161,18 +165,51 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     else:
         scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores * (hd ** -0.5), jnp.finfo(jnp.float32).min)
+    if prior is not None:
+        scores = jnp.concatenate([scores, prior[0][..., None]], axis=-1)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     if T == 1:
-        out = jnp.sum(probs[:, :, :, 0, :, None] * v[:, :, None], axis=3)[:, :, :, None]
+        out = jnp.sum(probs[:, :, :, 0, :S, None] * v[:, :, None], axis=3)[:, :, :, None]
     else:
-        out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)
+        out = jnp.einsum("bkgts,bksd->bkgtd", probs[..., :S], v)
+    if prior is not None:
+        out = out + probs[..., S:] * prior[1].astype(v.dtype)
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H * hd)
 
 
+def shared_prefix_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: jax.Array, width: int,
+                            shared: jax.Array, group_size: int) -> tuple[jax.Array, jax.Array]:
+    """Attention of q [B, T, H, hd] over the first `shared` slots (i32 scalar, at most the static `width`) of layer
+    `layer` of the KV cache buffers [L, B, K, S, hd], which each group of `group_size` consecutive rows holds alike
+    (`KVCache.shared`): read once per group, from its first row, with the group's queries in one product (a cascade
+    attention). Returns `attention`'s `prior`: (log-sum-exp float32[B, K, G, T], output [B, K, G, T, hd])."""
+    B, T, H, hd = q.shape
+    K, n = k_buf.shape[2], group_size
+    G = H // K
+    first_rows = jnp.arange(B // n) * n
+    k, v = (buf[layer, first_rows, :, :width] for buf in (k_buf, v_buf))  # [B/n, K, width, hd]
+    q = jnp.transpose(q.reshape(B // n, n, T, K, G, hd), (0, 3, 1, 4, 2, 5)).reshape(B // n, K, n * G * T, hd)
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
+    scores = jnp.where(jnp.arange(width) < shared, scores, jnp.finfo(jnp.float32).min)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    weights = jnp.exp(scores - top)
+    total = jnp.sum(weights, axis=-1, keepdims=True)
+    out = jnp.einsum("bkqs,bksd->bkqd", weights.astype(v.dtype), v) / total.astype(v.dtype)
+    lse = (top + jnp.log(total))[..., 0]
+
+    def per_row(x):  # [B/n, K, n*G*T, ...] -> [B, K, G, T, ...]
+        x = jnp.moveaxis(x.reshape(B // n, K, n, G, T, *x.shape[3:]), 2, 1)
+        return x.reshape(B, K, G, T, *x.shape[5:])
+
+    return per_row(lse), per_row(out)
+
+
 def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: jax.Array, width: int,
-                     mask: jax.Array) -> jax.Array:
-    """`attention` of q [B, T, H, hd] over the first `width` (static) slots of layer `layer` (i32 scalar) of the KV
-    cache buffers k_buf, v_buf [L, B, K, S, hd]; mask bool[B, T, width]. Returns [B, T, H*hd].
+                     mask: jax.Array, start: jax.Array | int = 0,
+                     prior: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+    """`attention` of q [B, T, H, hd] over the `width` (static) slots from slot `start` (i32 scalar) of layer
+    `layer` (i32 scalar) of the KV cache buffers k_buf, v_buf [L, B, K, S, hd]; mask bool[B, T, width]; `prior` as
+    in `attention`. Returns [B, T, H*hd].
 
     On an unsharded CPU batch the rows go in blocks, one after another, each reading its own rows of the buffers:
     XLA:CPU materialises the [rows, heads, T, width] scores (for one-token decode, a [rows, heads, width, hd]
@@ -184,11 +221,11 @@ def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: ja
     B, T, H, hd = q.shape
     K = k_buf.shape[2]
 
-    def block(start, rows):
-        k, v = (jax.lax.dynamic_slice(buf, (layer, start, 0, 0, 0), (1, rows, K, width, hd))[0]
+    def block(first, rows):
+        k, v = (jax.lax.dynamic_slice(buf, (layer, first, 0, start, 0), (1, rows, K, width, hd))[0]
                 for buf in (k_buf, v_buf))
-        return attention(jax.lax.dynamic_slice_in_dim(q, start, rows), k, v,
-                         jax.lax.dynamic_slice_in_dim(mask, start, rows))
+        rows_of = lambda x: jax.lax.dynamic_slice_in_dim(x, first, rows)  # noqa: E731
+        return attention(rows_of(q), k, v, rows_of(mask), None if prior is None else jax.tree.map(rows_of, prior))
 
     rows = B
     if jax.default_backend() == "cpu" and sharding.batch_shards() == 1:
@@ -307,12 +344,26 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
     if positions is None:
         positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     inv_freq = rope_inv_freq(config)
+    widths = kv.attended_widths(cache.max_len)
     # every query's visible slots lie below max(lengths) + T: attention reads only a static prefix holding them
     needed = jnp.max(lengths) + T
+    # one-token decode over groups of rows that share a prefix (`KVCache.shared`) reads that prefix once per group
+    # (`shared_prefix_attention`) and each row's own slots after it
+    grouped = T == 1 and cache.group_size > 1
 
     def attend(operands, width):
         q, k_buf, v_buf, index = operands
         return cached_attention(q, k_buf, v_buf, index, width, kv.cache_attention_mask(lengths, T, width))
+
+    def attend_shared(operands, width):
+        q, k_buf, v_buf, index = operands
+        return shared_prefix_attention(q, k_buf, v_buf, index, width, cache.shared, cache.group_size)
+
+    def attend_after_shared(operands, width):
+        q, k_buf, v_buf, index, prior = operands
+        start = jnp.minimum(cache.shared, cache.max_len - width)
+        mask = kv.cache_attention_mask(lengths, T, width, start, first=cache.shared)
+        return cached_attention(q, k_buf, v_buf, index, width, mask, start, prior)
 
     def block(carry, xs):
         x, k_buf, v_buf = carry
@@ -321,13 +372,18 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
         q, k, v = _qkv(config, layer, h, positions, inv_freq)
         k_buf = kv.write_layer(k_buf, index, lengths, k)
         v_buf = kv.write_layer(v_buf, index, lengths, v)
-        attended = sharding.tiered(needed, kv.attended_widths(cache.max_len), attend, (q, k_buf, v_buf, index))
+        if grouped:
+            prior = sharding.tiered(cache.shared, widths, attend_shared, (q, k_buf, v_buf, index))
+            attended = sharding.tiered(needed - cache.shared, widths, attend_after_shared,
+                                       (q, k_buf, v_buf, index, prior))
+        else:
+            attended = sharding.tiered(needed, widths, attend, (q, k_buf, v_buf, index))
         x = x + _dense(attended, layer["o_proj"])
         return (_mlp(config, layer, x), k_buf, v_buf), None
 
     carry = (_embed(config, params, tokens), cache.k, cache.v)
     (x, k_buf, v_buf), _ = jax.lax.scan(block, carry, (params["layers"], jnp.arange(config.num_layers)))
-    new_cache = kv.KVCache(k=k_buf, v=v_buf, lengths=jnp.minimum(lengths + num_new, cache.max_len))
+    new_cache = cache.replace(k=k_buf, v=v_buf, lengths=jnp.minimum(lengths + num_new, cache.max_len))
     return rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32), new_cache
 
 

@@ -243,6 +243,44 @@ def test_attention_reads_the_narrowest_cache_prefix(pair):
         np.testing.assert_allclose(chunk_logits[b], expected[b, n + 2:n + 152], atol=2e-5)
 
 
+def test_grouped_decode_reads_the_shared_prefix_once_per_group(pair):
+    """Two prefixes (140 and 133 tokens) repeated to groups of 3 rows share min(lengths) = 133 slots; each row appends
+    its own chunk (0-150 tokens, up to 290 of a 300-slot cache), then decodes two tokens. The rows after the first of
+    each group hold large random values in their shared slots during decode, so the decode logits, equal to the
+    uncached forward's, show that one-token decode takes those slots from the group's first row only, and that the
+    rows' own slots (read from the shared length on, 128 or 256 of them, the latter clamped to the cache's end, with
+    the slots before the shared length masked) cover the rest."""
+    _, model = pair
+    c = dataclasses.replace(model.config, max_seq_len=320)
+    p = model.params
+    rng = np.random.default_rng(12)
+    prefixes = [rng.integers(1, c.vocab_size, size=n) for n in (140, 133)]
+    chunk_lengths = np.array([5, 0, 150, 100, 20, 60])
+    chunk = rng.integers(1, c.vocab_size, size=(6, 150)).astype(np.int32)
+    decoded = rng.integers(1, c.vocab_size, size=(6, 2)).astype(np.int32)
+    cache = models.init_cache(c, 2, 300)
+    prefix_tokens, prefix_mask = _pad(prefixes, False, width=140)
+    _, cache = _apply_with_cache(c, p, prefix_tokens, cache, prefix_mask.sum(1))
+    grouped = models.repeat_rows(cache, 3)
+    assert grouped.group_size == 3 and int(grouped.shared) == 133
+    assert models.take_rows(grouped, jnp.arange(6)).group_size == 1 and int(models.truncate(grouped, 100).shared) == 100
+    _, grouped = _apply_with_cache(c, p, chunk, grouped, jnp.asarray(chunk_lengths))
+    followers = np.arange(6) % 3 > 0
+    garbage = jnp.asarray(100 * rng.normal(size=grouped.k.shape), grouped.k.dtype)
+    overwritten = jnp.asarray(followers)[None, :, None, None, None] & (jnp.arange(300) < 133)[None, None, None, :, None]
+    grouped = grouped.replace(k=jnp.where(overwritten, garbage, grouped.k), v=jnp.where(overwritten, -garbage, grouped.v))
+    step_logits = []
+    for t in range(2):
+        logits, grouped = _apply_with_cache(c, p, decoded[:, t:t + 1], grouped, None)
+        step_logits.append(np.asarray(logits[:, 0]))
+    rows = [np.concatenate([prefixes[b // 3], chunk[b, :chunk_lengths[b]], decoded[b]]) for b in range(6)]
+    full, mask = _pad(rows, False, width=300)
+    expected = np.asarray(_apply(c, p, full, None, mask))
+    for b, row in enumerate(rows):
+        for t in range(2):
+            np.testing.assert_allclose(step_logits[t][b], expected[b, len(row) - 2 + t], atol=2e-5)
+
+
 def test_generation_ignores_the_chunk_padding_width(pair):
     """The same prompts right-padded to 10 or to 200 columns (the prefill runs at the narrowest of 128 / 200 that
     holds them) give the same greedy tokens and the same cache."""
