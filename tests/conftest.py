@@ -27,6 +27,7 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 _CACHE_VARIABLE = "RAGEN_JAX_TEST_XLA_CACHE"
 if _CACHE_VARIABLE not in os.environ:
@@ -44,6 +45,16 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 HEAVY_FILES = ("train/test_loop.py", "train/test_step.py", "train/test_sweep.py", "train/test_preemption.py",
                "train/test_learning.py", "train/test_sft.py", "rollout/test_rollout.py", "environments/test_fuzz.py",
                "train/test_batch.py", "train/test_validation.py", "train/test_chunked_scoring.py")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fresh_jax_caches():
+    """Each test file starts with empty in-memory JAX caches, as when run alone. A worker that has run other files
+    has filled JAX's LRU trace caches; they then evict mid-trace and a big program lowers with some nested functions
+    duplicated: a different module, which misses the compilation cache above and compiles again (measured: the
+    resumed sweep's validator, the workdir run's step in train/test_loop.py, ~30-45 s each). Compiled programs stay
+    in the persistent cache."""
+    jax.clear_caches()
 
 
 def pytest_configure(config):

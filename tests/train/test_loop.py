@@ -216,6 +216,8 @@ def test_workdir_run_resumes_when_run_again_and_refuses_another_config(tmp_path,
     command again resumes (at its last step: nothing left to run); another config is refused naming its keys;
     ragen-eval restores a checkpoint and writes its evaluation and transcripts. The loop's resume itself: the test
     above."""
+    jax.clear_caches()  # as in a new process: the trace caches filled by the tests above would change the lowered
+    # step (tests/conftest.py, fresh_jax_caches) and miss its compiled program in the cache
     config_file = tmp_path / "tiny.py"
     config_file.write_text("from configs import base\nfrom ragen_jax.algos import presets\n\n\ndef get_config():\n"
                            "    config = presets.preset_config(base.get_config(), 'grpo', filter='paper')\n"
