@@ -11,7 +11,9 @@ advances `lengths[b] += num_new[b]`; writes past `max_len` are dropped, so calle
 
 Reusing one prefix for many continuations (e.g. scoring many reasoning strings against one prompt):
 prefill the prefixes once, then `take_rows(cache, row_ids)` (or `repeat_rows(cache, n)`) gives a cache with
-one row per continuation, which is then extended independently. See `ragen_jax.models.transformer`.
+one row per continuation, which is then extended independently. `repeat_rows` also records the groups of copies
+(`KVCache.shared`, `group_size`), and one-token decode then reads the shared slots once per group (a cascade
+attention). See `ragen_jax.models.transformer`.
 """
 from __future__ import annotations
 
