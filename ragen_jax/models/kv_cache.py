@@ -113,6 +113,14 @@ def attended_widths(max_len: int) -> tuple[int, ...]:
     return tuple(w for w in widths if w < max_len) + (max_len,)
 
 
+def half_octave_widths(max_len: int) -> tuple[int, ...]:
+    """`attended_widths(max_len)` with 1.5x each one between them: 128, 192, 256, 384, ... For a count of slots that
+    starts mid-cache (the rows' own slots after a group's shared prefix, `KVCache.shared`), which is rarely just
+    below a power of two: these read up to a third less than the octave widths there."""
+    widths = attended_widths(max_len)
+    return tuple(sorted({*widths, *(w * 3 // 2 for w in widths if w * 3 // 2 < max_len)}))
+
+
 def cache_attention_mask(lengths: jax.Array, steps: int, width: int, start: jax.Array | int = 0,
                          first: jax.Array | int = 0) -> jax.Array:
     """bool[B, T, width] over slots start .. start+width-1: new token t of row b (at slot lengths[b]+t) sees slots

@@ -351,9 +351,6 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
         positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     inv_freq = rope_inv_freq(config)
     widths = kv.attended_widths(cache.max_len)
-    # the rows' own slots start at the shared length, so their count is rarely near a power of two: half-octave
-    # widths (128, 192, 256, 384, ...) read up to a third less than the octave ones there
-    own_widths = tuple(sorted({*widths, *(w * 3 // 2 for w in widths if w * 3 // 2 < cache.max_len)}))
     # every query's visible slots lie below max(lengths) + T: attention reads only a static prefix holding them
     needed = jnp.max(lengths) + T
     # one-token decode over groups of rows that share a prefix (`KVCache.shared`) reads that prefix once per group
@@ -383,7 +380,7 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
         v_buf = kv.write_layer(v_buf, index, lengths, v)
         if grouped:
             prior = sharding.tiered(cache.shared, widths, attend_shared, (q, k_buf, v_buf, index))
-            attended = sharding.tiered(needed - cache.shared, own_widths, attend_after_shared,
+            attended = sharding.tiered(needed - cache.shared, kv.half_octave_widths(cache.max_len), attend_after_shared,
                                        (q, k_buf, v_buf, index, prior))
         else:
             attended = sharding.tiered(needed, widths, attend, (q, k_buf, v_buf, index))

@@ -240,7 +240,7 @@ class Rollout:
         group_cache = self.model.hidden_states_with_cache(params, context, self.model.init_cache(self.num_groups, L),
                                                           context_len - 1)[1]
         system = len(self.prompts.system_ids)
-        tokens = jnp.full((B, L), self.pad_id, jnp.int32).at[:, :system].set(context[0, :system])
+        tokens = jnp.full((B, L), self.pad_id, jnp.int32).at[:, :system].set(jnp.asarray(self.prompts.system_ids))
         off = jnp.zeros((B,), bool)
         return TurnCarry(cache=kv.repeat_rows(group_cache, n), cached=jnp.repeat(context_len - 1 - system, n),
                          tokens=tokens, sampled=jnp.zeros((B, L), bool), sample_logp=jnp.zeros((B, L), jnp.float32),
