@@ -114,6 +114,21 @@ def _recomputed_logprobs(params, rows, temperature):
     return np.asarray(_next_token_logprobs(params, tokens, mask, jnp.float32(temperature)))
 
 
+def test_first_argmax_takes_the_first_of_tied_maxima_like_numpy():
+    x = np.array([[1.0, 3.0, 3.0, 0.0], [-np.inf, -np.inf, -np.inf, -np.inf], [0.5, -1.0, 0.5, 0.5],
+                  [2.0, 1.0, 0.0, 2.0]], np.float32)
+    x = np.concatenate([x, np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)])
+    np.testing.assert_array_equal(np.asarray(sampler.first_argmax(jnp.asarray(x))), np.argmax(x, axis=-1))
+
+
+def test_sampled_tokens_are_jax_categorical_draws_with_the_same_key():
+    logits = jax.random.normal(jax.random.key(7), (32, 12)) * 2.0
+    key = jax.random.key(8)
+    tokens, _ = jax.jit(sampler.sample_tokens)(logits, key, jnp.float32(0.7), jnp.float32(1.0))
+    expected = jax.random.categorical(key, jax.nn.log_softmax(logits / 0.7, axis=-1), axis=-1)
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(expected))
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_equal_recomputed_log_softmax(params, temperature):
     prompt = _prompt(1)
