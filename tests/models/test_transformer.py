@@ -393,7 +393,7 @@ def test_blocked_causal_attention_equals_reference():
 
 def test_cached_attention_in_row_blocks_equals_reference(monkeypatch):
     """Layer 1's first 32 of 40 cached slots, rows in blocks (the CPU's cache-sized passes, forced small here), for
-    decode and chunk queries."""
+    decode and chunk queries; rows without new tokens are skipped, so the others come in other blocks."""
     monkeypatch.setattr(tfm, "_CPU_BLOCK_BYTES", 4 * 4 * 32 * 8 * 2)  # two rows per block for one-token decode
     B, H, K, hd, S, width = 6, 4, 2, 8, 40, 32
     rng = np.random.default_rng(11)
@@ -403,6 +403,10 @@ def test_cached_attention_in_row_blocks_equals_reference(monkeypatch):
         lengths = rng.integers(0, width - T, size=B)
         mask = np.asarray(kv_cache.cache_attention_mask(jnp.asarray(lengths), T, width))
         blocked = functools.partial(tfm.cached_attention, q, k_buf, v_buf, jnp.int32(1), width)
-        assert "scan" in str(jax.make_jaxpr(blocked)(mask))  # blocks of 2 (T = 1) or 1 row(s), one after another
+        assert "while" in str(jax.make_jaxpr(blocked)(lengths))  # blocks of 2 (T = 1) or 1 row(s), one after another
         k, v = (buf[1, :, :, :width].swapaxes(1, 2) for buf in (k_buf, v_buf))  # [B, width, K, hd]
-        np.testing.assert_allclose(np.asarray(jax.jit(blocked)(mask)), _numpy_attention(q, k, v, mask), atol=1e-5)
+        expected = _numpy_attention(q, k, v, mask)
+        np.testing.assert_allclose(np.asarray(jax.jit(blocked)(lengths)), expected, atol=1e-5)
+        num_new = np.array([0, T, 0, 0, 1, T])
+        out = jax.jit(lambda lengths, num_new: blocked(lengths, num_new=num_new))(lengths, num_new)
+        np.testing.assert_allclose(np.asarray(out)[num_new > 0], expected[num_new > 0], atol=1e-5)
