@@ -53,7 +53,9 @@ from ragen_jax.models.config import ModelConfig
 Params = dict[str, Any]
 _INIT_STD = 0.02  # HF initializer_range
 _MIN_QUERY_BLOCK = 64  # causal_attention splits longer sequences into query blocks of at least this size
-_CPU_BLOCK_BYTES = 8 << 20  # cached_attention's scores per block: about the last-level cache of a CPU
+# cached_attention's scores per block: about a core's L2 cache (2 MiB here); with finished rows skipped, smaller blocks
+# skip more of them (our rollout 5-8% faster than with 8 MiB blocks)
+_CPU_BLOCK_BYTES = 2 << 20
 
 
 # ----------------------------------------------------------------------------------------------- initialisation
