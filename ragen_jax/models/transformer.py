@@ -248,8 +248,9 @@ def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: ja
     if jax.default_backend() == "cpu" and sharding.batch_shards() == 1:
         row_bytes = 4 * H * width * max(T, hd)
         rows = max([n for n in range(1, B + 1) if B % n == 0 and n * row_bytes <= _CPU_BLOCK_BYTES], default=1)
-    if rows == B:
-        return block(jnp.arange(B))
+    if rows == B:  # plain slices: a gather of every row would move a sharded batch across devices
+        k, v = (jax.lax.dynamic_slice(buf, (layer, 0, 0, start, 0), (1, B, K, width, hd))[0] for buf in (k_buf, v_buf))
+        return attention(q, k, v, kv.cache_attention_mask(lengths, T, width, start, first), prior)
     adding = jnp.ones((B,), bool) if num_new is None else num_new > 0
     order = jnp.argsort(~adding, stable=True)  # the rows with new tokens first
 
