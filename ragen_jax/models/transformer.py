@@ -46,6 +46,7 @@ import numpy as np
 
 from ragen_jax import sharding
 from ragen_jax.config import MODEL_ARCHS
+from ragen_jax.models import cpu_kernels
 from ragen_jax.models import kv_cache as kv
 from ragen_jax.models import lm
 from ragen_jax.models.config import ModelConfig
@@ -373,8 +374,10 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
     widths = kv.attended_widths(cache.max_len)
     # every query's visible slots lie below max(lengths) + T: attention reads only a static prefix holding them
     needed = jnp.max(lengths) + T
-    # one-token decode over groups of rows that share a prefix (`KVCache.shared`) reads that prefix once per group
-    # (`shared_prefix_attention`) and each row's own slots after it
+    # an unsharded CPU batch runs the fused kernel (cpu_kernels.py); otherwise one-token decode over groups of rows
+    # that share a prefix (`KVCache.shared`) reads that prefix once per group (`shared_prefix_attention`) and each
+    # row's own slots after it
+    fused = sharding.batch_shards() == 1 and cpu_kernels.applies(config.dtype, config.head_dim)
     grouped = T == 1 and cache.group_size > 1
 
     def attend(operands, width):
@@ -397,7 +400,10 @@ def hidden_states_with_cache(config: ModelConfig, params: Params, tokens: jax.Ar
         q, k, v = _qkv(config, layer, h, positions, inv_freq)
         k_buf = kv.write_layer(k_buf, index, lengths, k)
         v_buf = kv.write_layer(v_buf, index, lengths, v)
-        if grouped:
+        if fused:
+            attended = cpu_kernels.cached_attention(q, k_buf, v_buf, index, lengths, num_new, cache.shared,
+                                                    cache.group_size)
+        elif grouped:
             prior = sharding.tiered(cache.shared, widths, attend_shared, (q, k_buf, v_buf, index))
             attended = sharding.tiered(needed - cache.shared, kv.half_octave_widths(cache.max_len), attend_after_shared,
                                        (q, k_buf, v_buf, index, prior))
