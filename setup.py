@@ -50,7 +50,8 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["ragen_jax", "ragen_jax.*", "environments", "environments.*", "configs", "configs.*",
                                     "experiments", "experiments.benchmarks"]),
-    package_data={"configs": ["warm_starts/*/*"]},  # the demo's shipped warm start (config.json + safetensors)
+    # the demo's shipped warm start (config.json + safetensors); the CPU attention kernel's source, built on first use
+    package_data={"configs": ["warm_starts/*/*"], "ragen_jax.models": ["*.cc"]},
     entry_points={"console_scripts": [
         "ragen-train=experiments.train:main",
         "ragen-sweep=experiments.sweep:main",

@@ -11,7 +11,7 @@ import transformers
 
 from configs import base as base_config
 from ragen_jax import models
-from ragen_jax.models import kv_cache
+from ragen_jax.models import cpu_kernels, kv_cache
 from ragen_jax.models import transformer as tfm
 from ragen_jax.rollout import sampler
 
@@ -124,6 +124,18 @@ _apply = jax.jit(tfm.apply, static_argnums=0)
 _apply_with_cache = jax.jit(tfm.apply_with_cache, static_argnums=0)
 
 
+@pytest.fixture(params=["kernel", "xla"])
+def cached_forward(request, monkeypatch):
+    """The jitted cached forward on the fused CPU attention kernel, or forced onto the XLA path (what accelerators
+    and sharded batches run; a fresh function, so no trace of the kernel's is reused)."""
+    if request.param == "kernel":
+        if not cpu_kernels.applies(jnp.float32, 16):
+            pytest.skip("the fused CPU attention is not available here")
+        return _apply_with_cache
+    monkeypatch.setattr(cpu_kernels, "applies", lambda *args: False)
+    return jax.jit(lambda *args: tfm.apply_with_cache(*args), static_argnums=0)
+
+
 def test_left_padded_logits_match_transformers(pair):
     hf, model = pair
     tokens, mask = _pad(_sequences(model.config.vocab_size), left=True)
@@ -214,10 +226,11 @@ def test_cross_turn_extension_and_row_broadcast(pair):
                                    atol=2e-5)
 
 
-def test_attention_reads_the_narrowest_cache_prefix(pair):
+def test_attention_reads_the_narrowest_cache_prefix(pair, cached_forward):
     """A 300-slot cache (attended widths 128, 256, 300) holding NaN from slot 256 on: short rows decode within the
     128-slot prefix, a 150-token chunk moves them to the 256 one, and every logit equals the uncached forward, so the
-    prefix chosen always holds the visible slots and the slots past it are never read."""
+    prefix the XLA path chooses always holds the visible slots and the slots past it are never read (the fused kernel
+    reads no slot past a query's own)."""
     _, model = pair
     c = dataclasses.replace(model.config, max_seq_len=320)
     p = model.params
@@ -228,12 +241,12 @@ def test_attention_reads_the_narrowest_cache_prefix(pair):
     chunk = rng.integers(1, c.vocab_size, size=(3, 150)).astype(np.int32)
     cache = models.init_cache(c, 3, 300)
     cache = cache.replace(k=cache.k.at[:, :, :, 256:].set(jnp.nan), v=cache.v.at[:, :, :, 256:].set(jnp.nan))
-    _, cache = _apply_with_cache(c, p, _pad(seqs, False)[0], cache, LENGTHS)
+    _, cache = cached_forward(c, p, _pad(seqs, False)[0], cache, LENGTHS)
     step_logits = []
     for t in range(2):
-        logits, cache = _apply_with_cache(c, p, decoded[:, t:t + 1], cache, None)
+        logits, cache = cached_forward(c, p, decoded[:, t:t + 1], cache, None)
         step_logits.append(np.asarray(logits[:, 0]))
-    chunk_logits, cache = _apply_with_cache(c, p, chunk, cache, None)
+    chunk_logits, cache = cached_forward(c, p, chunk, cache, None)
     np.testing.assert_array_equal(cache.lengths, LENGTHS + 152)
     full, mask = _pad([np.concatenate([s, decoded[b], chunk[b]]) for b, s in enumerate(seqs)], False, width=162)
     expected = np.asarray(_apply(c, p, full, None, mask))
@@ -243,13 +256,13 @@ def test_attention_reads_the_narrowest_cache_prefix(pair):
         np.testing.assert_allclose(chunk_logits[b], expected[b, n + 2:n + 152], atol=2e-5)
 
 
-def test_grouped_decode_reads_the_shared_prefix_once_per_group(pair):
+def test_grouped_decode_reads_the_shared_prefix_once_per_group(pair, cached_forward):
     """Two prefixes (140 and 133 tokens) repeated to groups of 3 rows share min(lengths) = 133 slots; each row appends
     its own chunk (0-150 tokens, up to 290 of a 300-slot cache), then decodes two tokens. The rows after the first of
     each group hold large random values in their shared slots during decode, so the decode logits, equal to the
     uncached forward's, show that one-token decode takes those slots from the group's first row only, and that the
-    rows' own slots (read from the shared length on, 128 or 256 of them, the latter clamped to the cache's end, with
-    the slots before the shared length masked) cover the rest."""
+    rows' own slots (on the XLA path read from the shared length on, 128 or 256 of them, the latter clamped to the
+    cache's end, with the slots before the shared length masked) cover the rest."""
     _, model = pair
     c = dataclasses.replace(model.config, max_seq_len=320)
     p = model.params
@@ -260,18 +273,18 @@ def test_grouped_decode_reads_the_shared_prefix_once_per_group(pair):
     decoded = rng.integers(1, c.vocab_size, size=(6, 2)).astype(np.int32)
     cache = models.init_cache(c, 2, 300)
     prefix_tokens, prefix_mask = _pad(prefixes, False, width=140)
-    _, cache = _apply_with_cache(c, p, prefix_tokens, cache, prefix_mask.sum(1))
+    _, cache = cached_forward(c, p, prefix_tokens, cache, prefix_mask.sum(1))
     grouped = models.repeat_rows(cache, 3)
     assert grouped.group_size == 3 and int(grouped.shared) == 133
     assert models.take_rows(grouped, jnp.arange(6)).group_size == 1 and int(models.truncate(grouped, 100).shared) == 100
-    _, grouped = _apply_with_cache(c, p, chunk, grouped, jnp.asarray(chunk_lengths))
+    _, grouped = cached_forward(c, p, chunk, grouped, jnp.asarray(chunk_lengths))
     followers = np.arange(6) % 3 > 0
     garbage = jnp.asarray(100 * rng.normal(size=grouped.k.shape), grouped.k.dtype)
     overwritten = jnp.asarray(followers)[None, :, None, None, None] & (jnp.arange(300) < 133)[None, None, None, :, None]
     grouped = grouped.replace(k=jnp.where(overwritten, garbage, grouped.k), v=jnp.where(overwritten, -garbage, grouped.v))
     step_logits = []
     for t in range(2):
-        logits, grouped = _apply_with_cache(c, p, decoded[:, t:t + 1], grouped, None)
+        logits, grouped = cached_forward(c, p, decoded[:, t:t + 1], grouped, None)
         step_logits.append(np.asarray(logits[:, 0]))
     rows = [np.concatenate([prefixes[b // 3], chunk[b, :chunk_lengths[b]], decoded[b]]) for b in range(6)]
     full, mask = _pad(rows, False, width=300)
