@@ -19,7 +19,8 @@ system prompt and `max_turn` turns of the longest observation and response).
 
 Ours: `ragen_jax.rollout.rollout.Rollout` under `jax.jit`, lowered and compiled ahead of time (`compile_s`, not in the
 timings): the resets, then per turn the in-graph prompt chunk, sampling on one KV cache kept across turns, the in-graph
-parse and env step, all in one call.
+parse and env step, all in one call. On the CPU its attention is the fused kernel of `ragen_jax.models.cpu_kernels`
+(built, if it was not already, while compiling).
 Peer, RAGEN's host loop with transformers: per trajectory a gymnasium `FrozenLakeEnv(is_slippery=False)` or a
 gym-sokoban `SokobanEnv` set to the same level as ours (so both sides play the same levels; converting the levels is
 not timed), then per turn, for the trajectories still running: the whole conversation rendered as chat text
