@@ -1,11 +1,11 @@
 """A fused attention kernel for XLA:CPU, built from C++ with the package (`cpu_attention.cc`, an XLA FFI handler).
 
-    if cpu_kernels.applies(config):
+    if cpu_kernels.applies(config.dtype, config.head_dim):
         out = cpu_kernels.cached_attention(q, k_buf, v_buf, layer, lengths, num_new, shared, group_size)
 
 XLA:CPU makes of a cached attention a chain of kernels, each a pass over materialised scores, and copies every block
-of the cache it reads (docs/performance.md); the kernel here reads each visible slot once per (row, kv head) and
-keeps only a tile of scores, skips the padding after a row's new tokens and rows without any, and runs the rows on
+of the cache it reads (docs/performance.md); the kernel here reads each visible slot once per (row, kv head), a
+group's shared slots once per (group, kv head), and keeps only a tile of scores, skips the padding after a row's new tokens and rows without any, and runs the rows on
 XLA's intra-op threads. `transformer.hidden_states_with_cache` uses it on an unsharded CPU batch; every other backend,
 a sharded batch, or a machine where it is not available runs the XLA path (`transformer.cached_attention`), which
 is the reference the tests hold it to.
@@ -13,8 +13,8 @@ is the reference the tests hold it to.
 The source is compiled on first use with the system's C++ compiler ($CXX, else `c++`) against jaxlib's FFI headers,
 into `~/.cache/ragen_jax/kernels` (under $XDG_CACHE_HOME when set): one file per source, jaxlib version, flags and CPU
 (`-march=native`), built once per machine in about 3 s, then loaded and registered as the custom call target
-`ragen_cached_attention`. Without a compiler, or with RAGEN_JAX_CPU_KERNELS=0, `available()` is False (a one-line
-warning says why) and the model runs the XLA path.
+`ragen_cached_attention`. Without a compiler (a one-line warning says why), or with RAGEN_JAX_CPU_KERNELS=0,
+`available()` is False and the model runs the XLA path.
 """
 from __future__ import annotations
 

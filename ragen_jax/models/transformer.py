@@ -222,7 +222,9 @@ def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: ja
     num_new: i32[B] the rows' real new tokens (default all): a row with none may get any output. Returns
     [B, T, H*hd].
 
-    On an unsharded CPU batch the rows go in blocks, one after another, each reading its own rows of the buffers:
+    The XLA path: `hidden_states_with_cache` calls `cpu_kernels.cached_attention` instead on an unsharded CPU batch
+    where that kernel is available. On an unsharded CPU batch the rows go in blocks, one after another, each reading
+    its own rows of the buffers:
     XLA:CPU materialises the [rows, heads, T, width] scores (for one-token decode, a [rows, heads, width, hd]
     product) and passes over them several times, and a block that stays in a core's cache makes those passes
     several times faster (measured with the tiny models here: 256 new tokens over 2048 cached slots, 128 rows,
