@@ -37,21 +37,18 @@ inline void Store(float* p, Vec x) { std::memcpy(p, &x, sizeof x); }
 inline Vec Splat(float x) { return Vec{} + x; }
 inline Vec Max(Vec a, Vec b) { return a > b ? a : b; }
 
-inline float HorizontalMax(Vec x) {
-  x = Max(x, __builtin_shuffle(x, IVec{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
-  x = Max(x, __builtin_shuffle(x, IVec{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
-  x = Max(x, __builtin_shuffle(x, IVec{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
-  x = Max(x, __builtin_shuffle(x, IVec{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
+// Reduces the 16 lanes of x with `op` (halves, quarters, ... folded onto each other); the result is lane 0's.
+template <typename Op>
+inline float Horizontal(Vec x, Op op) {
+  x = op(x, __builtin_shuffle(x, IVec{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+  x = op(x, __builtin_shuffle(x, IVec{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
+  x = op(x, __builtin_shuffle(x, IVec{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
+  x = op(x, __builtin_shuffle(x, IVec{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
   return x[0];
 }
 
-inline float HorizontalSum(Vec x) {
-  x += __builtin_shuffle(x, IVec{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-  x += __builtin_shuffle(x, IVec{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-  x += __builtin_shuffle(x, IVec{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-  x += __builtin_shuffle(x, IVec{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-  return x[0];
-}
+inline float HorizontalMax(Vec x) { return Horizontal(x, [](Vec a, Vec b) { return Max(a, b); }); }
+inline float HorizontalSum(Vec x) { return Horizontal(x, [](Vec a, Vec b) { return a + b; }); }
 
 // e^x for x <= 0 (a score minus its running maximum): 2^n e^r with n = round(x / ln 2), ln 2 split in two for the
 // reduction, e^r by Cephes expf's polynomial (relative error ~1e-7); x below -87 gives ~1e-38 (callers mask).
