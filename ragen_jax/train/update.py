@@ -37,6 +37,7 @@ from ragen_jax import sharding
 from ragen_jax.algos.losses import DEFAULT_LOGITS_CHUNK, DEFAULT_VOCAB_CHUNK, agg_loss, hidden_logprobs_and_entropy
 from ragen_jax.algos.losses import kl_penalty, logprobs_and_entropy, masked_mean, policy_loss, value_loss
 from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
+from ragen_jax.models import kv_cache as kv
 from ragen_jax.models.lm import CausalLM
 
 Params = Any
@@ -159,37 +160,73 @@ def optimizer_step(params, opt_state, grads, lr, config: UpdateConfig):
 
 
 # ------------------------------------------------------------------------------------------------ forward passes
-def _inputs(tokens, positions, attention_mask):
-    return tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1]
-
-
 def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, attention_mask, temperature,
                    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
-                   logits_chunk: int = DEFAULT_LOGITS_CHUNK) -> tuple[jax.Array, jax.Array]:
+                   logits_chunk: int = DEFAULT_LOGITS_CHUNK, width: int | None = None) -> tuple[jax.Array, jax.Array]:
     """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
 
     tokens, positions: int32[B, L]; attention_mask: bool[B, L]. A `CausalLM` is scored from its hidden states,
     in blocks of positions holding at most `logits_chunk` logits (`losses.hidden_logprobs_and_entropy`; in the
     backward pass too, one position of every row at least); a plain logits function's f32[B, L-1, V]
     logits are computed whole. The same code scores old log-probs before the update and new ones inside it, so
-    the ratio is 1 on the first minibatch up to float32 rounding (docs/architecture.md, design rule 6).
+    the ratio is 1 on the first minibatch up to float32 rounding (docs/architecture.md, design rule 6). Only a
+    prefix that holds every real token is scored (`scored_prefix`, `width` as there); targets after it get 0.
     """
-    inputs, targets = _inputs(tokens, positions, attention_mask), tokens[:, 1:]
-    if isinstance(logits_fn, CausalLM):
-        unembed = functools.partial(logits_fn.logits_from_hidden, params)
-        hidden = logits_fn.hidden_states(params, *inputs)
-        return hidden_logprobs_and_entropy(unembed, hidden, targets, temperature, logits_chunk, vocab_chunk)
-    return logprobs_and_entropy(logits_fn(params, *inputs), targets, temperature, vocab_chunk)
+    def score(tokens, positions, attention_mask, targets):
+        if isinstance(logits_fn, CausalLM):
+            unembed = functools.partial(logits_fn.logits_from_hidden, params)
+            hidden = logits_fn.hidden_states(params, tokens, positions, attention_mask)
+            return hidden_logprobs_and_entropy(unembed, hidden, targets, temperature, logits_chunk, vocab_chunk)
+        return logprobs_and_entropy(logits_fn(params, tokens, positions, attention_mask), targets, temperature,
+                                    vocab_chunk)
+
+    return scored_prefix(score, tokens, positions, attention_mask, width)
 
 
-def token_values(values_fn: ValuesFn, params, tokens, positions, attention_mask) -> jax.Array:
-    """Critic values f32[B, L-1] aligned with the targets (value of the prefix up to token t)."""
-    return values_fn(params, *_inputs(tokens, positions, attention_mask)).astype(jnp.float32)
+def token_values(values_fn: ValuesFn, params, tokens, positions, attention_mask, width: int | None = None
+                 ) -> jax.Array:
+    """Critic values f32[B, L-1] aligned with the targets (value of the prefix up to token t); 0 after the prefix
+    that holds every real token (`scored_prefix`, `width` as there)."""
+    return scored_prefix(lambda t, p, m, _: values_fn(params, t, p, m).astype(jnp.float32),
+                         tokens, positions, attention_mask, width)
 
 
-def _actor_loss(logits_fn, config: UpdateConfig, hyper: ActorHyper, params, batch: UpdateBatch, mask):
+def prefix_widths(tokens: jax.Array) -> tuple[int, ...]:
+    """The static widths `scored_prefix` chooses from for tokens [B, L]: `kv_cache.attended_widths(L - 1)`."""
+    return kv.attended_widths(tokens.shape[1] - 1)
+
+
+def needed_width(attention_mask: jax.Array) -> jax.Array:
+    """i32[]: the input positions whose targets may be real, up to the last True of bool[B, L] `attention_mask`."""
+    return jnp.max(jnp.where(attention_mask, jnp.arange(attention_mask.shape[1]) + 1, 0)) - 1
+
+
+def scored_prefix(score, tokens, positions, attention_mask, width: int | None = None):
+    """`score(tokens, positions, attention_mask, targets)` of a causal model over the first w of the L - 1 input
+    positions, its f32[B, w] outputs zero-padded to [B, L - 1]: w is the smallest width of
+    `kv_cache.attended_widths(L - 1)` that holds every real target (up to the last True of `attention_mask`), so a
+    batch padded far beyond its longest row costs what its rows need (one compiled branch per width, one runs;
+    `sharding.tiered`). Causality makes the outputs before w those of the whole sequence (up to float rounding);
+    the targets after it are padding. A static `width` (one of `prefix_widths`, at least `needed_width`) is used
+    as given: a caller that differentiates picks the width outside its gradient, so the branches' residuals stay
+    inside them (a switch inside the gradient carries every branch's residuals, zero-filled).
+    """
+    length = tokens.shape[1] - 1
+
+    def run(operands, width):
+        tokens, positions, attention_mask = operands
+        out = score(tokens[:, :width], positions[:, :width], attention_mask[:, :width], tokens[:, 1:width + 1])
+        return jax.tree.map(lambda x: jnp.pad(x, [(0, 0), (0, length - width)]), out)
+
+    operands = (tokens, positions, attention_mask)
+    if width is not None:
+        return run(operands, width)
+    return sharding.tiered(needed_width(attention_mask), prefix_widths(tokens), run, operands)
+
+
+def _actor_loss(logits_fn, config: UpdateConfig, hyper: ActorHyper, params, batch: UpdateBatch, mask, width):
     logp, entropy = token_logprobs(logits_fn, params, batch.tokens, batch.positions, batch.attention_mask,
-                                   hyper.temperature, config.vocab_chunk, config.logits_chunk)
+                                   hyper.temperature, config.vocab_chunk, config.logits_chunk, width)
     mode = config.loss_agg_mode
     pg_loss, pg_metrics = policy_loss(logp, batch.old_logp, batch.advantages, mask, hyper.clip_ratio_low,
                                       hyper.clip_ratio_high, hyper.clip_ratio_c, mode)
@@ -204,8 +241,8 @@ def _actor_loss(logits_fn, config: UpdateConfig, hyper: ActorHyper, params, batc
     return loss, metrics
 
 
-def _critic_loss(values_fn, config: UpdateConfig, hyper: CriticHyper, params, batch: UpdateBatch, mask):
-    values = token_values(values_fn, params, batch.tokens, batch.positions, batch.attention_mask)
+def _critic_loss(values_fn, config: UpdateConfig, hyper: CriticHyper, params, batch: UpdateBatch, mask, width):
+    values = token_values(values_fn, params, batch.tokens, batch.positions, batch.attention_mask, width)
     loss, metrics = value_loss(values, batch.old_values, batch.returns, mask, hyper.value_clip, config.loss_agg_mode)
     return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": metrics["vf_clipfrac"],
                   "critic/vpred_mean": masked_mean(values, mask)}
@@ -220,11 +257,17 @@ def _split(tree, block: int):
 
 
 def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_rows, micro: int):
-    """Mean over micro-batches holding a kept row of (grad, metrics); empty micro-batches are skipped."""
+    """Mean over micro-batches holding a kept row of (grad, metrics); empty micro-batches are skipped. Each
+    micro-batch is scored over the shortest prefix that holds its rows (`scored_prefix`)."""
     micro_batches = (_split(minibatch, micro), row_ids.reshape(-1, micro))
     grad_fn = jax.grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], micro_batches[0])
-    gradient, shapes = traced_once(lambda b, mask: grad_fn(params, b, mask), first, first.loss_mask)
+
+    def prefix_gradient(batch, mask):
+        return sharding.tiered(needed_width(batch.attention_mask), prefix_widths(batch.tokens),
+                               lambda operands, width: grad_fn(params, *operands, width), (batch, mask))
+
+    gradient, shapes = traced_once(prefix_gradient, first, first.loss_mask)
     zeros = filled(shapes, 0)
 
     def micro_step(acc, xs):
@@ -243,7 +286,8 @@ def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_r
 
 def run_minibatches(loss_fn, params, opt_state, batch: UpdateBatch, kept_rows, lr, config: UpdateConfig,
                     prefix: str):
-    """Epochs x minibatches of `loss_fn(params, batch, mask) -> (loss, metrics)` with AdamW; see module doc.
+    """Epochs x minibatches of `loss_fn(params, batch, mask, width) -> (loss, metrics)` with AdamW; see module doc.
+    `width` is the static prefix width its forward scores (`token_logprobs`), chosen per micro-batch.
 
     Returns (params, opt_state, metrics): metrics averaged over the optimizer steps that ran, plus
     `{prefix}/grad_norm`, `{prefix}/lr`, `{prefix}/num_updates` (minibatch steps run, incl. skipped
@@ -302,7 +346,7 @@ def actor_update(logits_fn: LogitsFn, params, opt_state, batch: UpdateBatch, kep
       actor/pg_clipfrac_lower, actor/ppo_kl, actor/entropy_loss, [actor/kl_loss], actor/grad_norm, actor/lr,
       actor/num_updates, actor/nonfinite_skips.
     """
-    loss_fn = lambda p, b, m: _actor_loss(logits_fn, config, hyper, p, b, m)
+    loss_fn = lambda p, b, m, w: _actor_loss(logits_fn, config, hyper, p, b, m, w)
     return run_minibatches(loss_fn, params, opt_state, batch, kept_rows, hyper.lr, config, "actor")
 
 
@@ -314,5 +358,5 @@ def critic_update(values_fn: ValuesFn, params, opt_state, batch: UpdateBatch, ke
     Returns (params, opt_state, metrics): critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean,
     critic/grad_norm, critic/lr, critic/num_updates, critic/nonfinite_skips.
     """
-    loss_fn = lambda p, b, m: _critic_loss(values_fn, config, hyper, p, b, m)
+    loss_fn = lambda p, b, m, w: _critic_loss(values_fn, config, hyper, p, b, m, w)
     return run_minibatches(loss_fn, params, opt_state, batch, kept_rows, hyper.lr, config, "critic")
