@@ -25,6 +25,7 @@ import optax
 import torch
 import transformers
 
+from experiments.benchmarks._flops import matmul_reference, train_flops
 from experiments.benchmarks._goals import goals_met
 from ragen_jax import models
 from ragen_jax.models import transformer as tfm
@@ -53,27 +54,6 @@ def best_times(fns, repeats: int, warmup: bool) -> list[float]:
             fn()
             record.append(time.perf_counter() - start)
     return [min(t) for t in times]
-
-
-def matmul_reference(n: int = 2048, chain: int = 8):
-    """(blocking callable, its FLOPs): `chain` dependent float32 n x n matmuls, about as long as a train step."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32) / np.sqrt(n)
-
-    def chained(x, y):
-        return jax.lax.fori_loop(0, chain, lambda _, acc: acc @ y, x)
-
-    compiled = jax.jit(chained).lower(a, b).compile()
-    return (lambda: compiled(a, b).block_until_ready()), 2.0 * chain * n ** 3
-
-
-def train_flops(c: models.ModelConfig, batch: int, length: int) -> float:
-    """Matmul FLOPs of forward + backward (3x forward) incl. the LM head and causal attention (T(T+1)/2 pairs)."""
-    q, k = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    per_token = c.d_model * (2 * q + 2 * k) + 3 * c.d_model * c.mlp_dim
-    forward = 2 * batch * length * (c.num_layers * per_token + c.d_model * c.vocab_size)
-    forward += c.num_layers * 4 * batch * (length * (length + 1) // 2) * q
-    return 3.0 * forward
 
 
 def hf_model(c: models.ModelConfig) -> torch.nn.Module:

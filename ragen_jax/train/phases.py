@@ -36,11 +36,13 @@ class PhasedStep:
     Args:
       train_step: the TrainStep; state_sharding: the TrainState's shardings (the update phase's output keeps them,
         so every step's state has the first call's layout); replicated: a replicated sharding (the new state's
-        metrics).
+        metrics); transform: `(phase name, fn) -> fn` applied before jitting each phase (a sweep's vmap,
+        `train.sweep.Sweep.phased_step`); None keeps the phases as they are.
     """
 
-    def __init__(self, train_step: TrainStep, state_sharding: Any, replicated: Any):
+    def __init__(self, train_step: TrainStep, state_sharding: Any, replicated: Any, transform=None):
         self.train_step = train_step
+        self.transform = transform or (lambda name, fn: fn)
         self.programs: dict[str, Timed] = {}
         self.options = {name: {} for name in PHASES}
         self.options["update"] = {"donate_argnums": 0, "out_shardings": (state_sharding, replicated)}
@@ -50,7 +52,7 @@ class PhasedStep:
 
         def phase(name: str, fn, *args):
             if name not in self.programs:
-                self.programs[name] = Timed(jax.jit(fn, **self.options[name]), name)
+                self.programs[name] = Timed(jax.jit(self.transform(name, fn), **self.options[name]), name)
             out, phase_timing = self.programs[name](*args)
             timing.update(phase_timing)
             return out

@@ -45,6 +45,7 @@ from ragen_jax.algos.presets import apply_overrides
 from ragen_jax.train.build import build_env
 from ragen_jax.train.early_stops import EarlyStops
 from ragen_jax.train.loop import HostLoop
+from ragen_jax.train.phases import PhasedStep
 from ragen_jax.train.step import Hyper, TrainState
 
 SWEEPABLE = ("filter.value", "filter.eps", "filter.include_zero", "algo.gamma", "algo.lam", "algo.high_level_gamma",
@@ -164,6 +165,24 @@ class Sweep(HostLoop):
         # them (multi-host)
         return jax.jit(vmapped, in_shardings=(state_sharding, members, hyper_sharding, members),
                        out_shardings=(state_sharding, replicated, replicated), donate_argnums=0)
+
+    def phased_step(self, abstract_state: TrainState) -> PhasedStep:
+        """The vmapped step as four timed programs, called as (stacked state, stacked step keys, `hyper()[0]`), for
+        measuring the phases of a sweep (`train.phases`; experiments/benchmarks/study_throughput.py). Every member
+        steps: the host loop's per-member early stops need the fused `step_fn`, which holds a stopped member."""
+        axes = self._state_axes(abstract_state)
+        _, hyper_axes, _ = self.hyper()
+
+        def vectorise(name, fn):
+            def vmapped(state, key, hyper, *inputs):
+                out_axes = (axes, 0) if name == "update" else 0
+                return jax.vmap(fn, in_axes=(axes, 0, hyper_axes, *[0] * len(inputs)), out_axes=out_axes,
+                                axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS)(
+                    state, key, hyper, *inputs)
+            return vmapped
+
+        return PhasedStep(self.train_step, self.state_sharding(abstract_state), sharding.replicated(self.mesh),
+                          vectorise)
 
     def _members_sharding(self):
         return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(sharding.SWEEP_AXIS))

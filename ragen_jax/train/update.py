@@ -192,8 +192,11 @@ def token_values(values_fn: ValuesFn, params, tokens, positions, attention_mask,
 
 
 def prefix_widths(tokens: jax.Array) -> tuple[int, ...]:
-    """The static widths `scored_prefix` chooses from for tokens [B, L]: `kv_cache.attended_widths(L - 1)`."""
-    return kv.attended_widths(tokens.shape[1] - 1)
+    """The static widths `scored_prefix` chooses from for tokens [B, L]: those of `kv_cache.attended_widths(L - 1)`
+    that are at least a quarter of L - 1 (every width is one more compiled copy of the model's forward, and of its
+    backward in the update: shorter ones would rarely pay for theirs)."""
+    length = tokens.shape[1] - 1
+    return tuple(w for w in kv.attended_widths(length) if 4 * w >= length)
 
 
 def needed_width(attention_mask: jax.Array) -> jax.Array:
@@ -204,7 +207,7 @@ def needed_width(attention_mask: jax.Array) -> jax.Array:
 def scored_prefix(score, tokens, positions, attention_mask, width: int | None = None):
     """`score(tokens, positions, attention_mask, targets)` of a causal model over the first w of the L - 1 input
     positions, its f32[B, w] outputs zero-padded to [B, L - 1]: w is the smallest width of
-    `kv_cache.attended_widths(L - 1)` that holds every real target (up to the last True of `attention_mask`), so a
+    `prefix_widths` that holds every real target (up to the last True of `attention_mask`), so a
     batch padded far beyond its longest row costs what its rows need (one compiled branch per width, one runs;
     `sharding.tiered`). Causality makes the outputs before w those of the whole sequence (up to float rounding);
     the targets after it are padding. A static `width` (one of `prefix_widths`, at least `needed_width`) is used
