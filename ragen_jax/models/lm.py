@@ -29,6 +29,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from ragen_jax.config import MODEL_ARCHS
 from ragen_jax.models import kv_cache as kv
@@ -65,6 +66,17 @@ class CausalLM(abc.ABC):
     def hidden_states(self, params: Params, tokens: jax.Array, positions: jax.Array | None = None,
                       attention_mask: jax.Array | None = None) -> jax.Array:
         """Final hidden states float32[B, T, D] (the input of the LM head and of the value head)."""
+
+    def grouped_hidden_states(self, params: Params, tokens: jax.Array, positions: jax.Array,
+                              attention_mask: jax.Array, group_size: int, split: jax.Array, width: int) -> jax.Array:
+        """`hidden_states` of rows whose groups of `group_size` consecutive rows agree on their first `split` (i32
+        scalar) positions, float32[B, T, D], exact before start + width and zeros after, start = min(split, T -
+        width): the positions the window [start, start + width) and the shared prefix need. An architecture may
+        compute the shared positions once per group (`transformer.grouped_hidden_states`); this default runs every
+        row in full."""
+        hidden = self.hidden_states(params, tokens, positions, attention_mask)
+        end = jnp.minimum(split, tokens.shape[1] - width) + width
+        return jnp.where((jnp.arange(tokens.shape[1]) < end)[None, :, None], hidden, 0.0)
 
     @abc.abstractmethod
     def logits_from_hidden(self, params: Params, hidden: jax.Array) -> jax.Array:

@@ -186,21 +186,20 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H * hd)
 
 
-def shared_prefix_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: jax.Array, width: int,
-                            shared: jax.Array, group_size: int) -> tuple[jax.Array, jax.Array]:
-    """Attention of q [B, T, H, hd] over the first `shared` slots (i32 scalar, at most the static `width`) of layer
-    `layer` of the KV cache buffers [L, B, K, S, hd], which each group of `group_size` consecutive rows holds alike
-    (`KVCache.shared`): read once per group, from its first row, with the group's queries in one product (a cascade
-    attention). Returns `attention`'s `prior`: (log-sum-exp float32[B, K, G, T], output [B, K, G, T, hd])."""
+def group_prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, group_size: int
+                           ) -> tuple[jax.Array, jax.Array]:
+    """Attention of q [B, T, H, hd] over keys k, v [B/n, K, S, hd] that each group of n = `group_size` consecutive rows
+    shares, with the group's queries in one product (a cascade attention); key_mask bool[B/n or 1, S] (True = may
+    attend, the same for every query of the group). Returns `attention`'s `prior`: (log-sum-exp float32[B, K, G, T],
+    output [B, K, G, T, hd]); a group without visible keys gets a log-sum-exp near float32's minimum, which merges in
+    as no keys."""
     B, T, H, hd = q.shape
-    K, n = k_buf.shape[2], group_size
+    K, n = k.shape[1], group_size
     G = H // K
-    first_rows = jnp.arange(B // n) * n
-    k, v = (buf[layer, first_rows, :, :width] for buf in (k_buf, v_buf))  # [B/n, K, width, hd]
     q = jnp.transpose(q.reshape(B // n, n, T, K, G, hd), (0, 3, 1, 4, 2, 5)).reshape(B // n, K, n * G * T, hd)
     scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
-    scores = jnp.where(jnp.arange(width) < shared, scores, jnp.finfo(jnp.float32).min)
-    top = jnp.max(scores, axis=-1, keepdims=True)
+    scores = jnp.where(key_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+    top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
     weights = jnp.exp(scores - top)
     total = jnp.sum(weights, axis=-1, keepdims=True)
     out = jnp.einsum("bkqs,bksd->bkqd", weights.astype(v.dtype), v) / total.astype(v.dtype)
@@ -211,6 +210,17 @@ def shared_prefix_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, la
         return x.reshape(B, K, G, T, *x.shape[5:])
 
     return per_row(lse), per_row(out)
+
+
+def shared_prefix_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: jax.Array, width: int,
+                            shared: jax.Array, group_size: int) -> tuple[jax.Array, jax.Array]:
+    """Attention of q [B, T, H, hd] over the first `shared` slots (i32 scalar, at most the static `width`) of layer
+    `layer` of the KV cache buffers [L, B, K, S, hd], which each group of `group_size` consecutive rows holds alike
+    (`KVCache.shared`): read once per group, from its first row (`group_prefix_attention`). Returns `attention`'s
+    `prior`."""
+    first_rows = jnp.arange(q.shape[0] // group_size) * group_size
+    k, v = (buf[layer, first_rows, :, :width] for buf in (k_buf, v_buf))  # [B/n, K, width, hd]
+    return group_prefix_attention(q, k, v, (jnp.arange(width) < shared)[None], group_size)
 
 
 def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: jax.Array, width: int,
@@ -265,7 +275,8 @@ def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: ja
     return jax.lax.fori_loop(0, blocks, run_block, jnp.zeros((B, T, H * hd), q.dtype))
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                     prior: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
     """Self-attention over one sequence (S == T) in query blocks that skip the keys after the block.
 
     Causality makes those keys invisible anyway; up to 8 blocks roughly halve the attention work. Same
@@ -274,8 +285,12 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
     T = q.shape[1]
     blocks = min(8, -(-T // _MIN_QUERY_BLOCK))
     size = -(-T // blocks)
+
+    def block_prior(lo):
+        return None if prior is None else (prior[0][..., lo:lo + size], prior[1][..., lo:lo + size, :])
+
     outs = [attention(q[:, lo:lo + size], k[:, :, :lo + size], v[:, :, :lo + size],
-                      mask[:, lo:lo + size, :lo + size]) for lo in range(0, T, size)]
+                      mask[:, lo:lo + size, :lo + size], block_prior(lo)) for lo in range(0, T, size)]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
@@ -308,6 +323,12 @@ def default_positions(tokens: jax.Array, attention_mask: jax.Array | None) -> ja
 def hidden_states(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array | None = None,
                   attention_mask: jax.Array | None = None) -> jax.Array:
     """Final-norm hidden states float32[B, T, D] (the input of the LM head and of the value head)."""
+    return _forward(config, params, tokens, positions, attention_mask)[0]
+
+
+def _forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array | None,
+             attention_mask: jax.Array | None, keep_kv: bool = False):
+    """(final-norm hidden states float32[B, T, D], each layer's (k, v) [L, B, K, T, hd] when `keep_kv`, else None)."""
     if positions is None:
         positions = default_positions(tokens, attention_mask)
     T = tokens.shape[1]
@@ -321,12 +342,52 @@ def hidden_states(config: ModelConfig, params: Params, tokens: jax.Array, positi
         q, k, v = _qkv(config, layer, h, positions, inv_freq)
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
         x = x + _dense(causal_attention(q, k, v, mask), layer["o_proj"])
+        return _mlp(config, layer, x), (k, v) if keep_kv else None
+
+    if config.remat:
+        block = jax.checkpoint(block, prevent_cse=False)
+    x, kv_per_layer = jax.lax.scan(block, _embed(config, params, tokens), params["layers"])
+    return rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32), kv_per_layer
+
+
+def grouped_hidden_states(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array,
+                          attention_mask: jax.Array, group_size: int, split: jax.Array, width: int) -> jax.Array:
+    """`hidden_states` of rows whose groups of n = `group_size` consecutive rows agree on their first `split` (i32
+    scalar, e.g. `train.update.group_split`) positions, computing those positions once per group.
+
+    tokens, positions int32[B, T], attention_mask [B, T]. Each group's first row runs the whole forward (its keys and
+    values before the window are the group's); every row then runs the `width` (static) positions from
+    start = min(split, T - width) on, attending to the group's keys before `start` (`group_prefix_attention`, merged
+    as `attention`'s prior) and causally to its own. Returns float32[B, T, D]: positions before `start` the group's,
+    the window the row's own, zeros after it; equal to `hidden_states` up to float rounding before start + width.
+    """
+    B, T = tokens.shape
+    n = group_size
+    attention_mask = attention_mask.astype(bool)
+    start = jnp.minimum(split, T - width)
+    prefix_hidden, (k_prefix, v_prefix) = _forward(config, params, tokens[::n], positions[::n], attention_mask[::n],
+                                                   keep_kv=True)
+    prefix_keys = attention_mask[::n] & (jnp.arange(T) < start)[None]
+    window_tokens, window_positions, window_mask = (jax.lax.dynamic_slice_in_dim(x, start, width, axis=1)
+                                                    for x in (tokens, positions, attention_mask))
+    own = jnp.tril(jnp.ones((width, width), bool))[None] & window_mask[:, None, :]
+    inv_freq = rope_inv_freq(config)
+
+    def block(x, xs):
+        layer, k_group, v_group = xs
+        h = rms_norm(x, layer["input_norm"]["scale"], config.norm_eps)
+        q, k, v = _qkv(config, layer, h, window_positions, inv_freq)
+        prior = group_prefix_attention(q, k_group, v_group, prefix_keys, n)
+        attended = causal_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), own, prior)
+        x = x + _dense(attended, layer["o_proj"])
         return _mlp(config, layer, x), None
 
     if config.remat:
         block = jax.checkpoint(block, prevent_cse=False)
-    x, _ = jax.lax.scan(block, _embed(config, params, tokens), params["layers"])
-    return rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32)
+    x, _ = jax.lax.scan(block, _embed(config, params, window_tokens), (params["layers"], k_prefix, v_prefix))
+    window_hidden = rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32)
+    hidden = jax.lax.dynamic_update_slice_in_dim(jnp.repeat(prefix_hidden, n, axis=0), window_hidden, start, axis=1)
+    return jnp.where((jnp.arange(T) < start + width)[None, :, None], hidden, 0.0)
 
 
 def logits_from_hidden(config: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
@@ -443,6 +504,9 @@ class DecoderLM(lm.CausalLM):
 
     def hidden_states(self, params, tokens, positions=None, attention_mask=None):
         return hidden_states(self.config, params, tokens, positions, attention_mask)
+
+    def grouped_hidden_states(self, params, tokens, positions, attention_mask, group_size, split, width):
+        return grouped_hidden_states(self.config, params, tokens, positions, attention_mask, group_size, split, width)
 
     def logits_from_hidden(self, params, hidden):
         return logits_from_hidden(self.config, params, hidden)

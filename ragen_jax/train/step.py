@@ -249,7 +249,7 @@ class TrainStep:
         temperature = hyper.actor.temperature
         tokens, positions, attention, loss_mask = batch_lib.model_inputs(traj)
         old_logp, old_entropy = update.token_logprobs(self.logits_fn, state.actor, tokens, positions, attention,
-                                                      temperature, o.update_config.vocab_chunk)
+                                                      temperature, o.update_config.vocab_chunk, group_size=group_size)
         metrics = {"actor/entropy": (old_entropy * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)}
         scores = rewards_lib.normalize_group_rewards(
             traj.episode_reward.reshape(num_groups, group_size), o.reward_normalization).reshape(-1)
@@ -260,7 +260,7 @@ class TrainStep:
         ref_logp = zeros
         if o.use_ref:
             ref_logp = update.token_logprobs(self.logits_fn, state.ref, tokens, positions, attention, temperature,
-                                             o.update_config.vocab_chunk)[0]
+                                             o.update_config.vocab_chunk, group_size=group_size)[0]
         values = zeros
         if o.use_critic:
             values = update.token_values(self.values_fn, state.critic, tokens, positions, attention)

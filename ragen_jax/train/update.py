@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -77,12 +78,15 @@ class UpdateConfig:
     adam_eps: float = 1e-8
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    group_size: int = 1  # consecutive rows that share a prompt (rollout.group_size): the actor scores it once per group
 
     def __post_init__(self):
         micro = self.micro_batch_size or self.minibatch_size
         if self.minibatch_size < 1 or self.epochs < 1 or self.minibatch_size % micro:
             raise ValueError(f"UpdateConfig epochs={self.epochs}, minibatch_size={self.minibatch_size}, "
                              f"micro_batch_size={self.micro_batch_size}: need positive sizes, micro dividing minibatch")
+        if self.group_size < 1:
+            raise ValueError(f"UpdateConfig group_size={self.group_size}: need a positive group size")
         if self.vocab_chunk < 1 or self.logits_chunk < 1:
             raise ValueError(f"UpdateConfig vocab_chunk={self.vocab_chunk}, logits_chunk={self.logits_chunk}: "
                              "need positive chunk sizes")
@@ -100,7 +104,7 @@ class UpdateConfig:
         fields = dict(epochs=a.ppo_epochs, minibatch_size=a.ppo_mini_batch_size,
                       micro_batch_size=a.ppo_micro_batch_size or None, loss_agg_mode=a.loss_agg_mode,
                       use_kl_loss=a.use_kl_loss, kl_loss_type=a.kl_loss_type, b1=o.b1, b2=o.b2,
-                      weight_decay=o.weight_decay, grad_clip=o.grad_clip)
+                      weight_decay=o.weight_decay, grad_clip=o.grad_clip, group_size=config.rollout.group_size)
         return cls(**{**fields, **overrides})
 
 
@@ -161,8 +165,8 @@ def optimizer_step(params, opt_state, grads, lr, config: UpdateConfig):
 
 # ------------------------------------------------------------------------------------------------ forward passes
 def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, attention_mask, temperature,
-                   vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
-                   logits_chunk: int = DEFAULT_LOGITS_CHUNK, width: int | None = None) -> tuple[jax.Array, jax.Array]:
+                   vocab_chunk: int = DEFAULT_VOCAB_CHUNK, logits_chunk: int = DEFAULT_LOGITS_CHUNK,
+                   width: int | None = None, group_size: int = 1) -> tuple[jax.Array, jax.Array]:
     """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
 
     tokens, positions: int32[B, L]; attention_mask: bool[B, L]. A `CausalLM` is scored from its hidden states,
@@ -171,7 +175,17 @@ def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, at
     logits are computed whole. The same code scores old log-probs before the update and new ones inside it, so
     the ratio is 1 on the first minibatch up to float32 rounding (docs/architecture.md, design rule 6). Only a
     prefix that holds every real token is scored (`scored_prefix`, `width` as there); targets after it get 0.
+    group_size > 1 (a `CausalLM`): groups of that many consecutive rows that share a prompt have it computed once
+    per group (`grouped_scoring`; `width` is then its window's width).
     """
+    if group_size > 1 and isinstance(logits_fn, CausalLM):
+        unembed = functools.partial(logits_fn.logits_from_hidden, params)
+
+        def score_hidden(hidden, targets):
+            return hidden_logprobs_and_entropy(unembed, hidden, targets, temperature, logits_chunk, vocab_chunk)
+
+        return grouped_scoring(logits_fn, params, score_hidden, tokens, positions, attention_mask, group_size, width)
+
     def score(tokens, positions, attention_mask, targets):
         if isinstance(logits_fn, CausalLM):
             unembed = functools.partial(logits_fn.logits_from_hidden, params)
@@ -227,9 +241,65 @@ def scored_prefix(score, tokens, positions, attention_mask, width: int | None = 
     return sharding.tiered(needed_width(attention_mask), prefix_widths(tokens), run, operands)
 
 
+def group_split(tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, group_size: int) -> jax.Array:
+    """i32[]: the longest P such that in every group of `group_size` consecutive rows of tokens, positions and
+    attention_mask [B, T] all rows agree with the group's first row at positions 0 .. P-1 (their shared prompt); in a
+    vectorised sweep the least over the members, so every member's window starts alike and its slices stay plain."""
+    B, T = tokens.shape
+
+    def agree(x):
+        groups = x.reshape(B // group_size, group_size, T)
+        return jnp.all(groups == groups[:, :1], axis=(0, 1))
+
+    same = agree(tokens) & agree(positions) & agree(attention_mask.astype(bool))
+    return -sharding.sweep_max(-jnp.sum(jnp.cumprod(same.astype(jnp.int32))))
+
+
+def window_widths(tokens: jax.Array) -> tuple[int, ...]:
+    """The static window widths `grouped_scoring` chooses from for tokens [B, L]: 64, 128, 256, ... below L - 1,
+    then L - 1."""
+    length = tokens.shape[1] - 1
+    return tuple(sorted({min(64, length), *kv.attended_widths(length)}))
+
+
+def scoring_tiers(tokens, positions, attention_mask, group_size: int) -> tuple[jax.Array, tuple[int, ...]]:
+    """(needed i32[], tiers): `sharding.tiered(needed, tiers, fn, operand)` picks the static `width` that
+    `token_logprobs(..., width, group_size)` scores tokens [B, L] at: the window after the groups' shared prompt
+    when group_size > 1 (`grouped_scoring`), else the prefix (`scored_prefix`). A caller that differentiates picks
+    it outside its gradient."""
+    inputs = (tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
+    if group_size > 1:
+        return needed_width(attention_mask) - group_split(*inputs, group_size), window_widths(tokens)
+    return needed_width(attention_mask), prefix_widths(tokens)
+
+
+def grouped_scoring(model: CausalLM, params, score_hidden, tokens, positions, attention_mask, group_size: int,
+                    width: int | None = None):
+    """`score_hidden(hidden f32[B, L-1, D], targets i32[B, L-1])` (outputs f32[B, L-1] each) of rows in groups of
+    `group_size` consecutive rows that share a prompt: `model.grouped_hidden_states` computes the prompt's positions
+    once per group and each row's window of `width` positions after it (static; default the smallest of
+    `window_widths` that holds every real target, `scoring_tiers`). Outputs after the window are 0, as after
+    `scored_prefix`'s prefix."""
+    length = tokens.shape[1] - 1
+
+    def run(operands, width):
+        tokens, positions, attention_mask = operands
+        inputs = (tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
+        split = group_split(*inputs, group_size)
+        hidden = model.grouped_hidden_states(params, *inputs, group_size, split, width)
+        end = jnp.minimum(split, length - width) + width
+        return jax.tree.map(lambda x: jnp.where(jnp.arange(length) < end, x, 0.0), score_hidden(hidden, tokens[:, 1:]))
+
+    operands = (tokens, positions, attention_mask)
+    if width is not None:
+        return run(operands, width)
+    return sharding.tiered(*scoring_tiers(*operands, group_size), run, operands)
+
+
 def _actor_loss(logits_fn, config: UpdateConfig, hyper: ActorHyper, params, batch: UpdateBatch, mask, width):
     logp, entropy = token_logprobs(logits_fn, params, batch.tokens, batch.positions, batch.attention_mask,
-                                   hyper.temperature, config.vocab_chunk, config.logits_chunk, width)
+                                   hyper.temperature, config.vocab_chunk, config.logits_chunk, width,
+                                   config.group_size)
     mode = config.loss_agg_mode
     pg_loss, pg_metrics = policy_loss(logp, batch.old_logp, batch.advantages, mask, hyper.clip_ratio_low,
                                       hyper.clip_ratio_high, hyper.clip_ratio_c, mode)
@@ -259,16 +329,16 @@ def _split(tree, block: int):
     return sharding.shard_batch(split, axis=1)
 
 
-def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_rows, micro: int):
+def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_rows, micro: int, group_size: int):
     """Mean over micro-batches holding a kept row of (grad, metrics); empty micro-batches are skipped. Each
-    micro-batch is scored over the shortest prefix that holds its rows (`scored_prefix`)."""
+    micro-batch is scored at the width `scoring_tiers` picks for its rows (groups of `group_size` rows)."""
     micro_batches = (_split(minibatch, micro), row_ids.reshape(-1, micro))
     grad_fn = jax.grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], micro_batches[0])
 
     def prefix_gradient(batch, mask):
-        return sharding.tiered(needed_width(batch.attention_mask), prefix_widths(batch.tokens),
-                               lambda operands, width: grad_fn(params, *operands, width), (batch, mask))
+        tiers = scoring_tiers(batch.tokens, batch.positions, batch.attention_mask, group_size)
+        return sharding.tiered(*tiers, lambda operands, width: grad_fn(params, *operands, width), (batch, mask))
 
     gradient, shapes = traced_once(prefix_gradient, first, first.loss_mask)
     zeros = filled(shapes, 0)
@@ -309,7 +379,8 @@ def run_minibatches(loss_fn, params, opt_state, batch: UpdateBatch, kept_rows, l
 
         def run(carry):
             params, opt_state = carry
-            grads, metrics = _minibatch_gradient(loss_fn, params, minibatch, rows, kept_rows, config.micro)
+            grads, metrics = _minibatch_gradient(loss_fn, params, minibatch, rows, kept_rows, config.micro,
+                                                 config.group_size)
             params, opt_state, grad_norm, applied = optimizer_step(params, opt_state, grads, lr, config)
             stats = {**metrics, f"{prefix}/grad_norm": grad_norm, f"{prefix}/num_updates": jnp.float32(1),
                      f"{prefix}/nonfinite_skips": 1.0 - applied.astype(jnp.float32)}
@@ -349,6 +420,8 @@ def actor_update(logits_fn: LogitsFn, params, opt_state, batch: UpdateBatch, kep
       actor/pg_clipfrac_lower, actor/ppo_kl, actor/entropy_loss, [actor/kl_loss], actor/grad_norm, actor/lr,
       actor/num_updates, actor/nonfinite_skips.
     """
+    # a micro-batch holds whole groups, or equal parts of one, when the groups are consecutive and aligned
+    config = dataclasses.replace(config, group_size=math.gcd(config.group_size, config.micro))
     loss_fn = lambda p, b, m, w: _actor_loss(logits_fn, config, hyper, p, b, m, w)
     return run_minibatches(loss_fn, params, opt_state, batch, kept_rows, hyper.lr, config, "actor")
 
@@ -362,4 +435,6 @@ def critic_update(values_fn: ValuesFn, params, opt_state, batch: UpdateBatch, ke
     critic/grad_norm, critic/lr, critic/num_updates, critic/nonfinite_skips.
     """
     loss_fn = lambda p, b, m, w: _critic_loss(values_fn, config, hyper, p, b, m, w)
+    # the critic scores every row in full (`token_values`): its widths are prefix widths
+    config = dataclasses.replace(config, group_size=1)
     return run_minibatches(loss_fn, params, opt_state, batch, kept_rows, hyper.lr, config, "critic")

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax.models import lm
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.transformer import DecoderLM
 from ragen_jax.train import update
@@ -61,3 +62,91 @@ def test_an_actor_update_on_padded_rows_equals_the_update_on_the_unpadded_rows()
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), long_params, short_params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), long_metrics, short_metrics)
     assert float(long_metrics["actor/num_updates"]) == 2.0
+
+
+# ---------------------------------------------------------------------------------------------- grouped scoring
+GROUPS, GROUP_SIZE, PROMPTS = 3, 4, (37, 45, 41)  # each group's rows share their first PROMPTS[g] tokens
+
+
+def grouped_batch(length: int = LONG, seed: int = 0) -> update.UpdateBatch:
+    """GROUPS groups of GROUP_SIZE rows: a shared prompt, then each row's own 5-59 tokens, right-padded to `length`."""
+    rng = np.random.default_rng(seed)
+    rows = GROUPS * GROUP_SIZE
+    tokens = rng.integers(1, 40, (rows, length))
+    real = np.ones((rows, length), bool)
+    for g, prompt in enumerate(PROMPTS):
+        group = slice(g * GROUP_SIZE, (g + 1) * GROUP_SIZE)
+        tokens[group, :prompt] = tokens[g * GROUP_SIZE, :prompt]
+        real[group] = np.arange(length) < prompt + rng.integers(5, 60, (GROUP_SIZE, 1))
+        tokens[group, prompt] = (tokens[g * GROUP_SIZE, prompt] + np.arange(1, GROUP_SIZE + 1)) % 40  # rows differ
+    tokens = np.where(real, tokens, 0)
+    positions = np.maximum(np.cumsum(real, axis=1) - 1, 0)
+    loss_mask = (real[:, 1:] & (np.arange(1, length) > 30)).astype(np.float32)
+    noise = lambda: rng.normal(size=(rows, length - 1)).astype(np.float32)  # noqa: E731
+    return update.UpdateBatch(tokens=jnp.asarray(tokens, jnp.int32), positions=jnp.asarray(positions, jnp.int32),
+                              attention_mask=jnp.asarray(real), loss_mask=jnp.asarray(loss_mask),
+                              old_logp=jnp.asarray(noise() - 3.0) * loss_mask, advantages=jnp.asarray(noise()),
+                              ref_logp=jnp.asarray(noise() - 3.0) * loss_mask, returns=jnp.asarray(noise()),
+                              old_values=jnp.asarray(noise()))
+
+
+def test_the_split_is_the_shortest_shared_prompt_and_the_window_holds_the_rest():
+    b = grouped_batch()
+    inputs = (b.tokens[:, :-1], b.positions[:, :-1], b.attention_mask[:, :-1])
+    assert int(update.group_split(*inputs, GROUP_SIZE)) == min(PROMPTS)
+    assert int(update.group_split(*inputs, 2)) == min(PROMPTS)  # halves of a group share what the group shares
+    rows_differ = jnp.asarray(b.tokens).at[1, 3].add(1)  # row 1 leaves its group at position 3
+    assert int(update.group_split(rows_differ[:, :-1], *inputs[1:], GROUP_SIZE)) == 3
+    needed, tiers = update.scoring_tiers(b.tokens, b.positions, b.attention_mask, GROUP_SIZE)
+    assert tiers == (64, 128, 256, 399)
+    assert int(needed) == int(update.needed_width(b.attention_mask)) - min(PROMPTS)
+
+
+def test_grouped_scoring_equals_scoring_every_row_in_full():
+    """Log-probs, entropies and their gradient with each group's prompt computed once equal those of the plain
+    forward of every row (the independent reference); outputs after the window are 0."""
+    params = MODEL.init_params(jax.random.key(0))
+    b = grouped_batch()
+
+    def score(params, group_size, width=None):
+        return update.token_logprobs(MODEL, params, b.tokens, b.positions, b.attention_mask, 1.0, width=width,
+                                     group_size=group_size)
+
+    (logp, entropy), (ref_logp, ref_entropy) = jax.jit(score, static_argnums=1)(params, GROUP_SIZE), score(params, 1)
+    real = np.asarray(b.attention_mask[:, 1:])
+    np.testing.assert_allclose(np.where(real, logp, 0), np.where(real, ref_logp, 0), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.where(real, entropy, 0), np.where(real, ref_entropy, 0), rtol=2e-5, atol=2e-5)
+    assert not np.any(np.asarray(logp[:, min(PROMPTS) + 64:]))  # the window: 64 positions after the split
+
+    def loss(params, group_size, width):
+        logp, entropy = score(params, group_size, width)
+        return jnp.sum((logp + 0.1 * entropy) * b.loss_mask * b.advantages)
+
+    grads = jax.grad(loss)(params, GROUP_SIZE, 64)
+    ref_grads = jax.grad(loss)(params, 1, 128)
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * float(jnp.abs(r).max()))
+
+
+def test_the_seams_default_grouped_forward_is_the_full_forward_cut_at_the_window():
+    params = MODEL.init_params(jax.random.key(0))
+    b = grouped_batch()
+    split = jnp.int32(min(PROMPTS))
+    args = (params, b.tokens, b.positions, b.attention_mask, GROUP_SIZE, split, 64)
+    fast, default = MODEL.grouped_hidden_states(*args), lm.CausalLM.grouped_hidden_states(MODEL, *args)
+    np.testing.assert_allclose(fast, default, rtol=2e-5, atol=2e-5)
+    assert not np.any(np.asarray(default[:, min(PROMPTS) + 64:]))
+
+
+def test_an_actor_update_with_grouped_scoring_equals_the_plain_update():
+    params = MODEL.init_params(jax.random.key(0))
+    hyper = update.ActorHyper(*(jnp.float32(v) for v in (1e-2, 0.2, 0.28, 3.0, 0.01, 0.1, 1.0)))
+    results = []
+    for group_size in (GROUP_SIZE, 1):
+        config = update.UpdateConfig(minibatch_size=4, micro_batch_size=2, use_kl_loss=True,
+                                     kl_loss_type="low_var_kl", group_size=group_size)
+        results.append(jax.jit(lambda b, c=config: update.actor_update(
+            MODEL, params, update.optimizer_init(params, c), b, 10, hyper, c))(grouped_batch()))
+    (grouped, _, grouped_metrics), (plain, _, plain_metrics) = results
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grouped, plain)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grouped_metrics, plain_metrics)
