@@ -29,7 +29,6 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from ragen_jax.config import MODEL_ARCHS
 from ragen_jax.models import kv_cache as kv
@@ -68,15 +67,16 @@ class CausalLM(abc.ABC):
         """Final hidden states float32[B, T, D] (the input of the LM head and of the value head)."""
 
     def grouped_hidden_states(self, params: Params, tokens: jax.Array, positions: jax.Array,
-                              attention_mask: jax.Array, group_size: int, split: jax.Array, width: int) -> jax.Array:
-        """`hidden_states` of rows whose groups of `group_size` consecutive rows agree on their first `split` (i32
-        scalar) positions, float32[B, T, D], exact before start + width and zeros after, start = min(split, T -
-        width): the positions the window [start, start + width) and the shared prefix need. An architecture may
-        compute the shared positions once per group (`transformer.grouped_hidden_states`); this default runs every
-        row in full."""
+                              attention_mask: jax.Array, group_size: int, start: jax.Array, width: int
+                              ) -> tuple[jax.Array, jax.Array]:
+        """Hidden states of rows whose groups of n = `group_size` consecutive rows agree on their first `start` (i32
+        scalar, at most T - width) positions: (each group's first row at positions 0 .. T - width - 1 float32[B/n,
+        T - width, D], exact before `start`; every row's `width` (static) positions from `start` on float32[B, width,
+        D]). An architecture may compute the shared positions once per group (`transformer.grouped_hidden_states`);
+        this default runs every row in full."""
         hidden = self.hidden_states(params, tokens, positions, attention_mask)
-        end = jnp.minimum(split, tokens.shape[1] - width) + width
-        return jnp.where((jnp.arange(tokens.shape[1]) < end)[None, :, None], hidden, 0.0)
+        T = tokens.shape[1]
+        return hidden[::group_size, :T - width], jax.lax.dynamic_slice_in_dim(hidden, start, width, axis=1)
 
     @abc.abstractmethod
     def logits_from_hidden(self, params: Params, hidden: jax.Array) -> jax.Array:

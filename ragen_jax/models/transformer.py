@@ -351,43 +351,41 @@ def _forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: 
 
 
 def grouped_hidden_states(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array,
-                          attention_mask: jax.Array, group_size: int, split: jax.Array, width: int) -> jax.Array:
-    """`hidden_states` of rows whose groups of n = `group_size` consecutive rows agree on their first `split` (i32
-    scalar, e.g. `train.update.group_split`) positions, computing those positions once per group.
+                          attention_mask: jax.Array, group_size: int, start: jax.Array, width: int
+                          ) -> tuple[jax.Array, jax.Array]:
+    """`hidden_states` of rows whose groups of n = `group_size` consecutive rows agree on their first `start` (i32
+    scalar, at most T - width) positions, computing those positions once per group.
 
-    tokens, positions int32[B, T], attention_mask [B, T]. Each group's first row runs the whole forward (its keys and
-    values before the window are the group's); every row then runs the `width` (static) positions from
-    start = min(split, T - width) on, attending to the group's keys before `start` (`group_prefix_attention`, merged
-    as `attention`'s prior) and causally to its own. Returns float32[B, T, D]: positions before `start` the group's,
-    the window the row's own, zeros after it; equal to `hidden_states` up to float rounding before start + width.
+    tokens, positions int32[B, T], attention_mask [B, T]. Each group's first row runs the forward over the first
+    T - width positions (its keys and values before `start` are the group's); every row then runs the `width`
+    (static) positions from `start` on, attending to the group's keys before `start` (`group_prefix_attention`,
+    merged as `attention`'s prior) and causally to its own. Returns (the groups' hidden states float32[B/n, T - width,
+    D], exact before `start`; the rows' window float32[B, width, D]), equal to `hidden_states` up to float rounding.
     """
     B, T = tokens.shape
-    n = group_size
+    n, shared = group_size, T - width
     attention_mask = attention_mask.astype(bool)
-    start = jnp.minimum(split, T - width)
-    prefix_hidden, (k_prefix, v_prefix) = _forward(config, params, tokens[::n], positions[::n], attention_mask[::n],
-                                                   keep_kv=True)
-    prefix_keys = attention_mask[::n] & (jnp.arange(T) < start)[None]
+    group_hidden, (k_group, v_group) = _forward(config, params, tokens[::n, :shared], positions[::n, :shared],
+                                                attention_mask[::n, :shared], keep_kv=True)
+    group_keys = attention_mask[::n, :shared] & (jnp.arange(shared) < start)[None]
     window_tokens, window_positions, window_mask = (jax.lax.dynamic_slice_in_dim(x, start, width, axis=1)
                                                     for x in (tokens, positions, attention_mask))
     own = jnp.tril(jnp.ones((width, width), bool))[None] & window_mask[:, None, :]
     inv_freq = rope_inv_freq(config)
 
     def block(x, xs):
-        layer, k_group, v_group = xs
+        layer, k_layer, v_layer = xs
         h = rms_norm(x, layer["input_norm"]["scale"], config.norm_eps)
         q, k, v = _qkv(config, layer, h, window_positions, inv_freq)
-        prior = group_prefix_attention(q, k_group, v_group, prefix_keys, n)
+        prior = group_prefix_attention(q, k_layer, v_layer, group_keys, n)
         attended = causal_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), own, prior)
         x = x + _dense(attended, layer["o_proj"])
         return _mlp(config, layer, x), None
 
     if config.remat:
         block = jax.checkpoint(block, prevent_cse=False)
-    x, _ = jax.lax.scan(block, _embed(config, params, window_tokens), (params["layers"], k_prefix, v_prefix))
-    window_hidden = rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32)
-    hidden = jax.lax.dynamic_update_slice_in_dim(jnp.repeat(prefix_hidden, n, axis=0), window_hidden, start, axis=1)
-    return jnp.where((jnp.arange(T) < start + width)[None, :, None], hidden, 0.0)
+    x, _ = jax.lax.scan(block, _embed(config, params, window_tokens), (params["layers"], k_group, v_group))
+    return group_hidden, rms_norm(x, params["final_norm"]["scale"], config.norm_eps).astype(jnp.float32)
 
 
 def logits_from_hidden(config: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
@@ -505,8 +503,8 @@ class DecoderLM(lm.CausalLM):
     def hidden_states(self, params, tokens, positions=None, attention_mask=None):
         return hidden_states(self.config, params, tokens, positions, attention_mask)
 
-    def grouped_hidden_states(self, params, tokens, positions, attention_mask, group_size, split, width):
-        return grouped_hidden_states(self.config, params, tokens, positions, attention_mask, group_size, split, width)
+    def grouped_hidden_states(self, params, tokens, positions, attention_mask, group_size, start, width):
+        return grouped_hidden_states(self.config, params, tokens, positions, attention_mask, group_size, start, width)
 
     def logits_from_hidden(self, params, hidden):
         return logits_from_hidden(self.config, params, hidden)

@@ -255,6 +255,13 @@ def group_split(tokens: jax.Array, positions: jax.Array, attention_mask: jax.Arr
     return -sharding.sweep_max(-jnp.sum(jnp.cumprod(same.astype(jnp.int32))))
 
 
+def shared_targets(tokens, positions, attention_mask, group_size: int) -> jax.Array:
+    """i32[]: the input positions of tokens [B, L] whose inputs and targets every group of `group_size` rows shares:
+    one less than the shared prompt of the inputs (`group_split`), as each target is the next token."""
+    inputs = (tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
+    return jnp.maximum(group_split(*inputs, group_size) - 1, 0)
+
+
 def window_widths(tokens: jax.Array) -> tuple[int, ...]:
     """The static window widths `grouped_scoring` chooses from for tokens [B, L]: 64, 128, 256, ... below L - 1,
     then L - 1."""
@@ -267,28 +274,37 @@ def scoring_tiers(tokens, positions, attention_mask, group_size: int) -> tuple[j
     `token_logprobs(..., width, group_size)` scores tokens [B, L] at: the window after the groups' shared prompt
     when group_size > 1 (`grouped_scoring`), else the prefix (`scored_prefix`). A caller that differentiates picks
     it outside its gradient."""
-    inputs = (tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
     if group_size > 1:
-        return needed_width(attention_mask) - group_split(*inputs, group_size), window_widths(tokens)
+        return needed_width(attention_mask) - shared_targets(tokens, positions, attention_mask, group_size), \
+            window_widths(tokens)
     return needed_width(attention_mask), prefix_widths(tokens)
 
 
 def grouped_scoring(model: CausalLM, params, score_hidden, tokens, positions, attention_mask, group_size: int,
                     width: int | None = None):
-    """`score_hidden(hidden f32[B, L-1, D], targets i32[B, L-1])` (outputs f32[B, L-1] each) of rows in groups of
-    `group_size` consecutive rows that share a prompt: `model.grouped_hidden_states` computes the prompt's positions
-    once per group and each row's window of `width` positions after it (static; default the smallest of
-    `window_widths` that holds every real target, `scoring_tiers`). Outputs after the window are 0, as after
-    `scored_prefix`'s prefix."""
+    """`score_hidden(hidden f32[R, W, D], targets i32[R, W])` (outputs f32[R, W] each) of tokens [B, L] in groups of
+    n = `group_size` consecutive rows that share a prompt: `model.grouped_hidden_states` computes the prompt once per
+    group and each row's window of `width` positions after it (static; default the smallest of `window_widths` that
+    holds every real target, `scoring_tiers`); the prompt is scored once per group too. Outputs f32[B, L-1]: the
+    group's before the window, the row's in it, 0 after it (as after `scored_prefix`'s prefix)."""
     length = tokens.shape[1] - 1
 
     def run(operands, width):
         tokens, positions, attention_mask = operands
         inputs = (tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
-        split = group_split(*inputs, group_size)
-        hidden = model.grouped_hidden_states(params, *inputs, group_size, split, width)
-        end = jnp.minimum(split, length - width) + width
-        return jax.tree.map(lambda x: jnp.where(jnp.arange(length) < end, x, 0.0), score_hidden(hidden, tokens[:, 1:]))
+        if width == length:  # no room for a shared part: every row in full
+            return score_hidden(model.hidden_states(params, *inputs), tokens[:, 1:])
+        start = jnp.minimum(shared_targets(tokens, positions, attention_mask, group_size), length - width)
+        group_hidden, window_hidden = model.grouped_hidden_states(params, *inputs, group_size, start, width)
+        targets = tokens[:, 1:]
+        group_out = score_hidden(group_hidden, targets[::group_size, :length - width])
+        window_out = score_hidden(window_hidden, jax.lax.dynamic_slice_in_dim(targets, start, width, axis=1))
+
+        def assemble(group, window):
+            shared = jnp.where(jnp.arange(length - width) < start, jnp.repeat(group, group_size, axis=0), 0.0)
+            return jax.lax.dynamic_update_slice_in_dim(jnp.pad(shared, [(0, 0), (0, width)]), window, start, axis=1)
+
+        return jax.tree.map(assemble, group_out, window_out)
 
     operands = (tokens, positions, attention_mask)
     if width is not None:

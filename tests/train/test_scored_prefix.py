@@ -99,7 +99,7 @@ def test_the_split_is_the_shortest_shared_prompt_and_the_window_holds_the_rest()
     assert int(update.group_split(rows_differ[:, :-1], *inputs[1:], GROUP_SIZE)) == 3
     needed, tiers = update.scoring_tiers(b.tokens, b.positions, b.attention_mask, GROUP_SIZE)
     assert tiers == (64, 128, 256, 399)
-    assert int(needed) == int(update.needed_width(b.attention_mask)) - min(PROMPTS)
+    assert int(needed) == int(update.needed_width(b.attention_mask)) - (min(PROMPTS) - 1)  # targets: next tokens
 
 
 def test_grouped_scoring_equals_scoring_every_row_in_full():
@@ -112,18 +112,19 @@ def test_grouped_scoring_equals_scoring_every_row_in_full():
         return update.token_logprobs(MODEL, params, b.tokens, b.positions, b.attention_mask, 1.0, width=width,
                                      group_size=group_size)
 
-    (logp, entropy), (ref_logp, ref_entropy) = jax.jit(score, static_argnums=1)(params, GROUP_SIZE), score(params, 1)
+    score_jit = jax.jit(score, static_argnums=(1, 2))
+    (logp, entropy), (ref_logp, ref_entropy) = score_jit(params, GROUP_SIZE), score_jit(params, 1)
     real = np.asarray(b.attention_mask[:, 1:])
     np.testing.assert_allclose(np.where(real, logp, 0), np.where(real, ref_logp, 0), rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.where(real, entropy, 0), np.where(real, ref_entropy, 0), rtol=2e-5, atol=2e-5)
-    assert not np.any(np.asarray(logp[:, min(PROMPTS) + 64:]))  # the window: 64 positions after the split
+    assert not np.any(np.asarray(logp[:, min(PROMPTS) - 1 + 64:]))  # the window: 64 targets after the shared ones
 
     def loss(params, group_size, width):
         logp, entropy = score(params, group_size, width)
         return jnp.sum((logp + 0.1 * entropy) * b.loss_mask * b.advantages)
 
-    grads = jax.grad(loss)(params, GROUP_SIZE, 64)
-    ref_grads = jax.grad(loss)(params, 1, 128)
+    gradient = jax.jit(jax.grad(loss), static_argnums=(1, 2))
+    grads, ref_grads = gradient(params, GROUP_SIZE, 64), gradient(params, 1, 128)
     for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * float(jnp.abs(r).max()))
 
@@ -131,11 +132,13 @@ def test_grouped_scoring_equals_scoring_every_row_in_full():
 def test_the_seams_default_grouped_forward_is_the_full_forward_cut_at_the_window():
     params = MODEL.init_params(jax.random.key(0))
     b = grouped_batch()
-    split = jnp.int32(min(PROMPTS))
-    args = (params, b.tokens, b.positions, b.attention_mask, GROUP_SIZE, split, 64)
-    fast, default = MODEL.grouped_hidden_states(*args), lm.CausalLM.grouped_hidden_states(MODEL, *args)
-    np.testing.assert_allclose(fast, default, rtol=2e-5, atol=2e-5)
-    assert not np.any(np.asarray(default[:, min(PROMPTS) + 64:]))
+    start = jnp.int32(min(PROMPTS))
+    args = (params, b.tokens, b.positions, b.attention_mask, GROUP_SIZE, start, 64)
+    (fast_group, fast_window), (group, window) = (jax.jit(MODEL.grouped_hidden_states, static_argnums=(4, 6))(*args),
+                                                  lm.CausalLM.grouped_hidden_states(MODEL, *args))
+    assert group.shape == (GROUPS, LONG - 64, 16) and window.shape == (GROUPS * GROUP_SIZE, 64, 16)
+    np.testing.assert_allclose(fast_group[:, :min(PROMPTS)], group[:, :min(PROMPTS)], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(fast_window, window, rtol=2e-5, atol=2e-5)
 
 
 def test_an_actor_update_with_grouped_scoring_equals_the_plain_update():
