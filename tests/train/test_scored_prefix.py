@@ -15,6 +15,15 @@ MODEL = DecoderLM(ModelConfig(vocab_size=40, d_model=16, num_layers=2, num_heads
 ROWS, SHORT, LONG = 8, 100, 400  # rows of up to SHORT tokens right-padded to LONG (tiers 128, 256, 399)
 
 
+def as_batch(tokens, positions, real, loss_mask, noise) -> update.UpdateBatch:
+    """These rows as an UpdateBatch, with draws of `noise()` f32[B, L-1] as log-probs, advantages and values."""
+    return update.UpdateBatch(tokens=jnp.asarray(tokens, jnp.int32), positions=jnp.asarray(positions, jnp.int32),
+                              attention_mask=jnp.asarray(real), loss_mask=jnp.asarray(loss_mask),
+                              old_logp=jnp.asarray(noise() - 3.0) * loss_mask, advantages=jnp.asarray(noise()),
+                              ref_logp=jnp.asarray(noise() - 3.0) * loss_mask, returns=jnp.asarray(noise()),
+                              old_values=jnp.asarray(noise()))
+
+
 def padded_batch(length: int, seed: int = 0) -> update.UpdateBatch:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(SHORT // 2, SHORT + 1, ROWS)
@@ -24,11 +33,7 @@ def padded_batch(length: int, seed: int = 0) -> update.UpdateBatch:
     tokens = np.where(real, rng.integers(0, 40, (ROWS, LONG))[:, :length], 0)
     loss_mask = (real[:, 1:] & (positions[:, 1:] > 20)).astype(np.float32)
     noise = lambda: rng.normal(size=(ROWS, LONG - 1))[:, :length - 1].astype(np.float32)  # noqa: E731
-    return update.UpdateBatch(tokens=jnp.asarray(tokens, jnp.int32), positions=jnp.asarray(positions, jnp.int32),
-                              attention_mask=jnp.asarray(real), loss_mask=jnp.asarray(loss_mask),
-                              old_logp=jnp.asarray(noise() - 3.0) * loss_mask, advantages=jnp.asarray(noise()),
-                              ref_logp=jnp.asarray(noise() - 3.0) * loss_mask, returns=jnp.asarray(noise()),
-                              old_values=jnp.asarray(noise()))
+    return as_batch(tokens, positions, real, loss_mask, noise)
 
 
 def test_the_prefix_tier_is_the_smallest_that_holds_every_real_target():
@@ -83,11 +88,7 @@ def grouped_batch(length: int = LONG, seed: int = 0) -> update.UpdateBatch:
     positions = np.maximum(np.cumsum(real, axis=1) - 1, 0)
     loss_mask = (real[:, 1:] & (np.arange(1, length) > 30)).astype(np.float32)
     noise = lambda: rng.normal(size=(rows, length - 1)).astype(np.float32)  # noqa: E731
-    return update.UpdateBatch(tokens=jnp.asarray(tokens, jnp.int32), positions=jnp.asarray(positions, jnp.int32),
-                              attention_mask=jnp.asarray(real), loss_mask=jnp.asarray(loss_mask),
-                              old_logp=jnp.asarray(noise() - 3.0) * loss_mask, advantages=jnp.asarray(noise()),
-                              ref_logp=jnp.asarray(noise() - 3.0) * loss_mask, returns=jnp.asarray(noise()),
-                              old_values=jnp.asarray(noise()))
+    return as_batch(tokens, positions, real, loss_mask, noise)
 
 
 def test_the_split_is_the_shortest_shared_prompt_and_the_window_holds_the_rest():
