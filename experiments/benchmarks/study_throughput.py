@@ -99,8 +99,8 @@ def bench_size(config, size: int, steps: int, matmul_rate: float) -> dict:
             (state, metrics, _), timing = step(state, *args)
             times.append(timing["timing_s/step"])
         log(f"steps {[round(t, 2) for t in times]}")
-        # a rerun: new functions traced and lowered again with empty trace caches, as in a new process (full ones
-        # evict mid-trace and lower a different module, which misses the cache), XLA from the persistent cache
+        # a rerun: new functions traced and lowered again from empty trace caches, as a new process would, XLA from
+        # the persistent cache
         jax.clear_caches()
         rerun = Sweep(config, points(size), log=None)
         fresh = rerun.stack_states(rerun.initial_states())

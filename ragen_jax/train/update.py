@@ -274,10 +274,10 @@ def scoring_tiers(tokens, positions, attention_mask, group_size: int) -> tuple[j
     `token_logprobs(..., width, group_size)` scores tokens [B, L] at: the window after the groups' shared prompt
     when group_size > 1 (`grouped_scoring`), else the prefix (`scored_prefix`). A caller that differentiates picks
     it outside its gradient."""
-    if group_size > 1:
-        return needed_width(attention_mask) - shared_targets(tokens, positions, attention_mask, group_size), \
-            window_widths(tokens)
-    return needed_width(attention_mask), prefix_widths(tokens)
+    if group_size == 1:
+        return needed_width(attention_mask), prefix_widths(tokens)
+    shared = shared_targets(tokens, positions, attention_mask, group_size)
+    return needed_width(attention_mask) - shared, window_widths(tokens)
 
 
 def grouped_scoring(model: CausalLM, params, score_hidden, tokens, positions, attention_mask, group_size: int,
