@@ -7,7 +7,7 @@ Tiny starts from the shipped warm start `configs/warm_starts/bandit_tiny`: the d
 on demonstrations that pick one of the two names uniformly (q = 0), so the answer format is learned and the arm is
 a coin flip (validation success 0.391). The high arm always pays 1.0 (RAGEN: 1.0 with probability 0.25), so the
 reward says which arm is right on every pull: the first rung of "does RL learn". In 40 GRPO steps with the paper
-filter every seed 0-4 rises +0.28 to +0.47 (README "Learning at tiny scale"). The warm start is remade by (33 min
+filter every seed 0-4 rises +0.28 to +0.47 (experiments/results/README.md). The warm start is remade by (33 min
 on 2 CPU cores):
 
     .venv/bin/python experiments/warm_start.py --config=configs/bandit.py:tiny --config.model.pretrained_path= \\

@@ -5,7 +5,7 @@ target.
     experiments/train.py --config=configs/countdown.py:tiny       # CPU: from scratch
 
 Tiny (q = 0.5, 200 warm-start steps, 40 GRPO steps) does not learn the task: validation success 0.0 from step 0 to
-40, while RL raises the format rate 0.77 -> 1.00 (README "Learning at tiny scale").
+40, while RL raises the format rate 0.77 -> 1.00 (experiments/results/README.md).
 """
 from configs import tasks
 

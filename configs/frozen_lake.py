@@ -10,8 +10,8 @@ after 1500 SFT steps with the oracle's move, q = 1, then 150 with uniformly rand
 restates the coordinates and says on which side of the player the goal lies on each axis ("rows 1 to 2: down, cols
 3 to 3: same"), but its move is a coin flip (probability of the right move 0.27 on held-out demonstrations, 0.25 is
 chance). What RL has to learn is to act on its own reasoning. It trains 80 steps with a KL loss to the warm start
-(`low_var_kl`, 0.5), which keeps the reasoning true to the input, and no filter. README "Learning at tiny scale" has the log and the
-per-seed results. Remade by the two commands below (1650 SFT steps at about 0.36 s each on 2 free CPU cores; not
+(`low_var_kl`, 0.5), which keeps the reasoning true to the input, and no filter. experiments/results/README.md has
+the log and the per-seed results. Remade by the two commands below (1650 SFT steps at about 0.36 s each on 2 free CPU cores; not
 run as written here: the shipped one was made by a probe loop with the same settings and other demonstration keys,
 so a remake is equivalent, not bit-identical):
 
@@ -30,7 +30,7 @@ TINY = {"env.kwargs": {"goal_distance": 1}, "rollout.max_turn": 1, "rollout.max_
         "rollout.max_actions_per_traj": 1, "rollout.response_length": 56, "rollout.max_model_len": 768,
         "model.max_seq_len": 832, "model.pretrained_path": WARM_START, "train.sft_steps": 0,
         "train.sft_oracle_prob": 0.0, "train.total_steps": 80,
-        # the setting in which every seed 0-4 meets +0.25 (README): a KL loss to the warm start, no filter
+        # the setting in which every seed 0-4 meets +0.25 (experiments/results): a KL loss to the warm start, no filter
         "algo.use_kl_loss": True, "algo.kl_loss_type": "low_var_kl", "algo.kl_loss_coef": 0.5, "filter.value": 1.0}
 
 

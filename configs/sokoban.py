@@ -8,9 +8,9 @@ its target with the player right behind it (`env.kwargs.push_distance` 1), one t
 reasoning restates the coordinates and says on which side of the player the box lies on each axis ("rows 2 to 3:
 down, cols 1 to 1: same"), which names the push, but its move is a coin flip; RL has to learn to act on its own
 reasoning. It trains 80 steps with FrozenLake's best setting, a KL loss to the warm start (`low_var_kl`,
-coefficient 0.5), which keeps that reasoning true to the input while the move is learned, and no filter. README
-"Learning at tiny scale" has the per-seed results (each of seeds 0-4: 0.312 -> 0.73-0.84). The warm start is remade
-by the two commands below (1650 SFT steps):
+coefficient 0.5), which keeps that reasoning true to the input while the move is learned, and no filter.
+experiments/results/README.md has the per-seed results (each of seeds 0-4: 0.312 ->
+0.73-0.84). The warm start is remade by the two commands below (1650 SFT steps):
 
     .venv/bin/python experiments/warm_start.py --config=configs/sokoban.py:tiny --config.model.pretrained_path= \\
         --config.train.sft_steps=1500 --config.train.sft_oracle_prob=1.0 --out=/tmp/sokoban_q1
@@ -27,7 +27,7 @@ TINY = {"env.kwargs": {"push_distance": 1}, "rollout.max_turn": 1, "rollout.max_
         "rollout.max_actions_per_traj": 1, "rollout.response_length": 56, "rollout.max_model_len": 768,
         "model.max_seq_len": 832, "model.pretrained_path": WARM_START, "train.sft_steps": 0,
         "train.sft_oracle_prob": 0.0, "train.total_steps": 80,
-        # the setting in which every seed 0-4 meets +0.15 (README): a KL loss to the warm start, no filter
+        # the setting in which every seed 0-4 meets +0.15 (experiments/results): a KL loss to the warm start, no filter
         "algo.use_kl_loss": True, "algo.kl_loss_type": "low_var_kl", "algo.kl_loss_coef": 0.5, "filter.value": 1.0}
 
 

@@ -1,6 +1,6 @@
 """The per-axis tail of the grid envs' observation descriptions (`TextEnv.describe`): on which side of the player a
 cell lies on each axis, "rows 1 to 2: down, cols 3 to 3: same." A from-scratch d64 x 2 model learns to compare two
-adjacent numbers; one move from four far-apart coordinates it barely learns (README "Learning at tiny scale")."""
+adjacent numbers; one move from four far-apart coordinates it barely learns (experiments/results/README.md)."""
 from __future__ import annotations
 
 import numpy as np
