@@ -107,8 +107,15 @@ def tiered(needed: jax.Array, tiers: tuple[int, ...], fn, operand):
     largest tier when none is): one compiled branch per tier, of which one runs, also in a vectorised sweep."""
     if len(tiers) == 1:
         return fn(operand, tiers[0])
-    tier = sweep_max(jnp.minimum(jnp.searchsorted(jnp.asarray(tiers), needed), len(tiers) - 1))
-    return jax.lax.switch(tier, [lambda x, w=w: fn(x, w) for w in tiers], operand)
+    return tier_switch(jnp.minimum(jnp.searchsorted(jnp.asarray(tiers), needed), len(tiers) - 1), tiers, fn, operand)
+
+
+def tier_switch(index: jax.Array, tiers: tuple, fn, operand):
+    """`fn(operand, tiers[index])` for an i32 scalar `index` (in a vectorised sweep the largest over the members, so
+    later tiers must serve every member that asks for an earlier one): one compiled branch per static tier."""
+    if len(tiers) == 1:
+        return fn(operand, tiers[0])
+    return jax.lax.switch(sweep_max(index), [lambda x, t=t: fn(x, t) for t in tiers], operand)
 
 
 def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:

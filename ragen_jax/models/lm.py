@@ -29,6 +29,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from ragen_jax.config import MODEL_ARCHS
 from ragen_jax.models import kv_cache as kv
@@ -67,16 +68,16 @@ class CausalLM(abc.ABC):
         """Final hidden states float32[B, T, D] (the input of the LM head and of the value head)."""
 
     def grouped_hidden_states(self, params: Params, tokens: jax.Array, positions: jax.Array,
-                              attention_mask: jax.Array, group_size: int, start: jax.Array, width: int
+                              attention_mask: jax.Array, group_size: int, starts: jax.Array, width: int
                               ) -> tuple[jax.Array, jax.Array]:
-        """Hidden states of rows whose groups of n = `group_size` consecutive rows agree on their first `start` (i32
-        scalar, at most T - width) positions: (each group's first row at positions 0 .. T - width - 1 float32[B/n,
-        T - width, D], exact before `start`; every row's `width` (static) positions from `start` on float32[B, width,
-        D]). An architecture may compute the shared positions once per group (`transformer.grouped_hidden_states`);
-        this default runs every row in full."""
+        """Hidden states of rows in groups of n = `group_size` consecutive rows, group g's rows agreeing on their
+        first starts[g] positions (i32[B/n], each at most T - width): (each group's first row at positions 0 ..
+        T - width - 1 float32[B/n, T - width, D], exact before its start; every row's `width` (static) positions from
+        its group's start on float32[B, width, D]). An architecture may compute the shared positions once per group
+        (`transformer.grouped_hidden_states`); this default runs every row in full."""
         hidden = self.hidden_states(params, tokens, positions, attention_mask)
         T = tokens.shape[1]
-        return hidden[::group_size, :T - width], jax.lax.dynamic_slice_in_dim(hidden, start, width, axis=1)
+        return hidden[::group_size, :T - width], row_windows(hidden, jnp.repeat(starts, group_size), width)
 
     @abc.abstractmethod
     def logits_from_hidden(self, params: Params, hidden: jax.Array) -> jax.Array:
@@ -99,6 +100,12 @@ class CausalLM(abc.ABC):
         hidden states of the chunk, the cache). num_new: int32[B] real tokens at the start of each row (default T;
         0 leaves a row unchanged); positions: int32[B, T], default `cache.lengths[b] + t`. Hidden states at padded
         steps are meaningless."""
+
+
+def row_windows(x: jax.Array, starts: jax.Array, width: int) -> jax.Array:
+    """x[b, starts[b] : starts[b] + width] of each row of x [B, T, ...] (starts i32[B], clamped to fit): [B, width,
+    ...]."""
+    return jax.vmap(lambda row, start: jax.lax.dynamic_slice_in_dim(row, start, width, axis=0))(x, starts)
 
 
 def make(arch: str, config: ModelConfig) -> CausalLM:

@@ -351,24 +351,25 @@ def _forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: 
 
 
 def grouped_hidden_states(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array,
-                          attention_mask: jax.Array, group_size: int, start: jax.Array, width: int
+                          attention_mask: jax.Array, group_size: int, starts: jax.Array, width: int
                           ) -> tuple[jax.Array, jax.Array]:
-    """`hidden_states` of rows whose groups of n = `group_size` consecutive rows agree on their first `start` (i32
-    scalar, at most T - width) positions, computing those positions once per group.
+    """`hidden_states` of rows in groups of n = `group_size` consecutive rows, group g's rows agreeing on their first
+    starts[g] positions (i32[B/n], each at most T - width), computing those positions once per group.
 
     tokens, positions int32[B, T], attention_mask [B, T]. Each group's first row runs the forward over the first
-    T - width positions (its keys and values before `start` are the group's); every row then runs the `width`
-    (static) positions from `start` on, attending to the group's keys before `start` (`group_prefix_attention`,
+    T - width positions (its keys and values before its start are the group's); every row then runs the `width`
+    (static) positions from its group's start on, attending to the group's keys before it (`group_prefix_attention`,
     merged as `attention`'s prior) and causally to its own. Returns (the groups' hidden states float32[B/n, T - width,
-    D], exact before `start`; the rows' window float32[B, width, D]), equal to `hidden_states` up to float rounding.
+    D], exact before their starts; the rows' windows float32[B, width, D]), equal to `hidden_states` up to float
+    rounding.
     """
-    B, T = tokens.shape
+    T = tokens.shape[1]
     n, shared = group_size, T - width
     attention_mask = attention_mask.astype(bool)
     group_hidden, (k_group, v_group) = _forward(config, params, tokens[::n, :shared], positions[::n, :shared],
                                                 attention_mask[::n, :shared], keep_kv=True)
-    group_keys = attention_mask[::n, :shared] & (jnp.arange(shared) < start)[None]
-    window_tokens, window_positions, window_mask = (jax.lax.dynamic_slice_in_dim(x, start, width, axis=1)
+    group_keys = attention_mask[::n, :shared] & (jnp.arange(shared)[None] < starts[:, None])
+    window_tokens, window_positions, window_mask = (lm.row_windows(x, jnp.repeat(starts, n), width)
                                                     for x in (tokens, positions, attention_mask))
     own = jnp.tril(jnp.ones((width, width), bool))[None] & window_mask[:, None, :]
     inv_freq = rope_inv_freq(config)
@@ -503,8 +504,8 @@ class DecoderLM(lm.CausalLM):
     def hidden_states(self, params, tokens, positions=None, attention_mask=None):
         return hidden_states(self.config, params, tokens, positions, attention_mask)
 
-    def grouped_hidden_states(self, params, tokens, positions, attention_mask, group_size, start, width):
-        return grouped_hidden_states(self.config, params, tokens, positions, attention_mask, group_size, start, width)
+    def grouped_hidden_states(self, params, tokens, positions, attention_mask, group_size, starts, width):
+        return grouped_hidden_states(self.config, params, tokens, positions, attention_mask, group_size, starts, width)
 
     def logits_from_hidden(self, params, hidden):
         return logits_from_hidden(self.config, params, hidden)

@@ -39,6 +39,7 @@ from ragen_jax.algos.losses import DEFAULT_LOGITS_CHUNK, DEFAULT_VOCAB_CHUNK, ag
 from ragen_jax.algos.losses import kl_penalty, logprobs_and_entropy, masked_mean, policy_loss, value_loss
 from ragen_jax.config import KL_ESTIMATORS, LOSS_AGG_MODES, check_choice
 from ragen_jax.models import kv_cache as kv
+from ragen_jax.models import lm
 from ragen_jax.models.lm import CausalLM
 
 Params = Any
@@ -166,7 +167,7 @@ def optimizer_step(params, opt_state, grads, lr, config: UpdateConfig):
 # ------------------------------------------------------------------------------------------------ forward passes
 def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, attention_mask, temperature,
                    vocab_chunk: int = DEFAULT_VOCAB_CHUNK, logits_chunk: int = DEFAULT_LOGITS_CHUNK,
-                   width: int | None = None, group_size: int = 1) -> tuple[jax.Array, jax.Array]:
+                   width: "int | ScoreTier | None" = None, group_size: int = 1) -> tuple[jax.Array, jax.Array]:
     """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
 
     tokens, positions: int32[B, L]; attention_mask: bool[B, L]. A `CausalLM` is scored from its hidden states,
@@ -176,7 +177,7 @@ def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, at
     the ratio is 1 on the first minibatch up to float32 rounding (docs/architecture.md, design rule 6). Only a
     prefix that holds every real token is scored (`scored_prefix`, `width` as there); targets after it get 0.
     group_size > 1 (a `CausalLM`): groups of that many consecutive rows that share a prompt have it computed once
-    per group (`grouped_scoring`; `width` is then its window's width).
+    per group (`grouped_scoring`; `width` is then a `ScoreTier` of `scoring_tiers`, or None).
     """
     if group_size > 1 and isinstance(logits_fn, CausalLM):
         unembed = functools.partial(logits_fn.logits_from_hidden, params)
@@ -215,7 +216,12 @@ def prefix_widths(tokens: jax.Array) -> tuple[int, ...]:
 
 def needed_width(attention_mask: jax.Array) -> jax.Array:
     """i32[]: the input positions whose targets may be real, up to the last True of bool[B, L] `attention_mask`."""
-    return jnp.max(jnp.where(attention_mask, jnp.arange(attention_mask.shape[1]) + 1, 0)) - 1
+    return jnp.max(row_needed_widths(attention_mask))
+
+
+def row_needed_widths(attention_mask: jax.Array) -> jax.Array:
+    """i32[B]: `needed_width` of each row of bool[B, L] `attention_mask`."""
+    return jnp.max(jnp.where(attention_mask, jnp.arange(attention_mask.shape[1]) + 1, 0), axis=1) - 1
 
 
 def scored_prefix(score, tokens, positions, attention_mask, width: int | None = None):
@@ -242,74 +248,92 @@ def scored_prefix(score, tokens, positions, attention_mask, width: int | None = 
 
 
 def group_split(tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, group_size: int) -> jax.Array:
-    """i32[]: the longest P such that in every group of `group_size` consecutive rows of tokens, positions and
-    attention_mask [B, T] all rows agree with the group's first row at positions 0 .. P-1 (their shared prompt); in a
-    vectorised sweep the least over the members, so every member's window starts alike and its slices stay plain."""
+    """i32[B/n]: per group of n = `group_size` consecutive rows of tokens, positions and attention_mask [B, T], the
+    longest P such that all its rows agree with its first row at positions 0 .. P-1 (their shared prompt)."""
     B, T = tokens.shape
 
     def agree(x):
         groups = x.reshape(B // group_size, group_size, T)
-        return jnp.all(groups == groups[:, :1], axis=(0, 1))
+        return jnp.all(groups == groups[:, :1], axis=1)
 
     same = agree(tokens) & agree(positions) & agree(attention_mask.astype(bool))
-    return -sharding.sweep_max(-jnp.sum(jnp.cumprod(same.astype(jnp.int32))))
+    return jnp.sum(jnp.cumprod(same.astype(jnp.int32), axis=1), axis=1)
 
 
 def shared_targets(tokens, positions, attention_mask, group_size: int) -> jax.Array:
-    """i32[]: the input positions of tokens [B, L] whose inputs and targets every group of `group_size` rows shares:
-    one less than the shared prompt of the inputs (`group_split`), as each target is the next token."""
+    """i32[B/n]: per group of tokens [B, L], the input positions whose inputs and targets its rows share: one less
+    than the shared prompt of the inputs (`group_split`), as each target is the next token."""
     inputs = (tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
     return jnp.maximum(group_split(*inputs, group_size) - 1, 0)
 
 
-def window_widths(tokens: jax.Array) -> tuple[int, ...]:
-    """The static window widths `grouped_scoring` chooses from for tokens [B, L]: 64, 128, 256, ... below L - 1,
-    then L - 1."""
+class ScoreTier(NamedTuple):
+    """A static way to score a batch: a window of `width` positions after each group's shared prompt
+    (`grouped_scoring`), or, not `grouped`, the prefix of `width` positions (`scored_prefix`)."""
+
+    width: int
+    grouped: bool
+
+
+def group_windows(tokens: jax.Array) -> tuple[int, ...]:
+    """The window widths `grouped_scoring` uses for tokens [B, L]: 64, 128, ... of at most an eighth of L - 1, where a
+    group's shared prompt is most of each row (a wider need is scored as a prefix: fewer compiled forwards)."""
     length = tokens.shape[1] - 1
-    return tuple(sorted({min(64, length), *kv.attended_widths(length)}))
+    return tuple(w for w in (64 << i for i in range(length.bit_length())) if 8 * w <= length)
 
 
-def scoring_tiers(tokens, positions, attention_mask, group_size: int) -> tuple[jax.Array, tuple[int, ...]]:
-    """(needed i32[], tiers): `sharding.tiered(needed, tiers, fn, operand)` picks the static `width` that
-    `token_logprobs(..., width, group_size)` scores tokens [B, L] at: the window after the groups' shared prompt
-    when group_size > 1 (`grouped_scoring`), else the prefix (`scored_prefix`). A caller that differentiates picks
-    it outside its gradient."""
-    if group_size == 1:
-        return needed_width(attention_mask), prefix_widths(tokens)
-    shared = shared_targets(tokens, positions, attention_mask, group_size)
-    return needed_width(attention_mask) - shared, window_widths(tokens)
+def scoring_tiers(tokens, positions, attention_mask, group_size: int) -> tuple[jax.Array, tuple]:
+    """(index i32[], tiers): `sharding.tier_switch(index, tiers, fn, operand)` picks how `token_logprobs(...,
+    width=tiers[index], group_size=group_size)` scores tokens [B, L]: with group_size 1, the smallest of
+    `prefix_widths` holding every real target (ints); else the smallest of `group_windows` that holds each row's
+    targets after its group's shared ones, or, when none does, that prefix (`ScoreTier`s). A caller that
+    differentiates picks it outside its gradient."""
+    prefixes = prefix_widths(tokens)
+    prefix = sharding.sweep_max(jnp.minimum(jnp.searchsorted(jnp.asarray(prefixes), needed_width(attention_mask)),
+                                            len(prefixes) - 1))  # one prefix for every member that takes one
+    windows = group_windows(tokens) if group_size > 1 else ()
+    if not windows:
+        return prefix, prefixes if group_size == 1 else tuple(ScoreTier(w, False) for w in prefixes)
+    shared = jnp.repeat(shared_targets(tokens, positions, attention_mask, group_size), group_size)
+    need = jnp.max(row_needed_widths(attention_mask) - shared)
+    index = jnp.where(need <= windows[-1], jnp.searchsorted(jnp.asarray(windows), need), len(windows) + prefix)
+    return index, tuple(ScoreTier(w, True) for w in windows) + tuple(ScoreTier(w, False) for w in prefixes)
 
 
 def grouped_scoring(model: CausalLM, params, score_hidden, tokens, positions, attention_mask, group_size: int,
-                    width: int | None = None):
+                    tier: ScoreTier | None = None):
     """`score_hidden(hidden f32[R, W, D], targets i32[R, W])` (outputs f32[R, W] each) of tokens [B, L] in groups of
-    n = `group_size` consecutive rows that share a prompt: `model.grouped_hidden_states` computes the prompt once per
-    group and each row's window of `width` positions after it (static; default the smallest of `window_widths` that
-    holds every real target, `scoring_tiers`); the prompt is scored once per group too. Outputs f32[B, L-1]: the
-    group's before the window, the row's in it, 0 after it (as after `scored_prefix`'s prefix)."""
+    n = `group_size` consecutive rows that share a prompt, as `tier` says (default: `scoring_tiers`' pick). A grouped
+    tier: `model.grouped_hidden_states` computes each group's prompt once and each row's window of `tier.width`
+    positions after it, and the prompt is scored once per group too; the outputs f32[B, L-1] are the group's before
+    the row's window, the row's in it, 0 after it. Otherwise every row's prefix of `tier.width` (`scored_prefix`)."""
     length = tokens.shape[1] - 1
 
-    def run(operands, width):
+    def run(operands, tier):
         tokens, positions, attention_mask = operands
+        if not tier.grouped:
+            return scored_prefix(lambda t, p, m, targets: score_hidden(model.hidden_states(params, t, p, m), targets),
+                                 tokens, positions, attention_mask, tier.width)
+        width = tier.width
         inputs = (tokens[:, :-1], positions[:, :-1], attention_mask[:, :-1])
-        if width == length:  # no room for a shared part: every row in full
-            return score_hidden(model.hidden_states(params, *inputs), tokens[:, 1:])
-        start = jnp.minimum(shared_targets(tokens, positions, attention_mask, group_size), length - width)
-        group_hidden, window_hidden = model.grouped_hidden_states(params, *inputs, group_size, start, width)
-        targets = tokens[:, 1:]
+        starts = jnp.minimum(shared_targets(tokens, positions, attention_mask, group_size), length - width)
+        group_hidden, window_hidden = model.grouped_hidden_states(params, *inputs, group_size, starts, width)
+        targets, row_starts = tokens[:, 1:], jnp.repeat(starts, group_size)
         group_out = score_hidden(group_hidden, targets[::group_size, :length - width])
-        window_out = score_hidden(window_hidden, jax.lax.dynamic_slice_in_dim(targets, start, width, axis=1))
+        window_out = score_hidden(window_hidden, lm.row_windows(targets, row_starts, width))
 
         def assemble(group, window):
-            shared = jnp.where(jnp.arange(length - width) < start, jnp.repeat(group, group_size, axis=0), 0.0)
-            return jax.lax.dynamic_update_slice_in_dim(jnp.pad(shared, [(0, 0), (0, width)]), window, start, axis=1)
+            shared = jnp.where(jnp.arange(length - width) < row_starts[:, None],
+                               jnp.repeat(group, group_size, axis=0), 0.0)
+            place = lambda row, w, start: jax.lax.dynamic_update_slice_in_dim(row, w, start, axis=0)  # noqa: E731
+            return jax.vmap(place)(jnp.pad(shared, [(0, 0), (0, width)]), window, row_starts)
 
         return jax.tree.map(assemble, group_out, window_out)
 
     operands = (tokens, positions, attention_mask)
-    if width is not None:
-        return run(operands, width)
-    return sharding.tiered(*scoring_tiers(*operands, group_size), run, operands)
+    if tier is not None:
+        return run(operands, tier)
+    return sharding.tier_switch(*scoring_tiers(*operands, group_size), run, operands)
 
 
 def _actor_loss(logits_fn, config: UpdateConfig, hyper: ActorHyper, params, batch: UpdateBatch, mask, width):
@@ -354,7 +378,7 @@ def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_r
 
     def prefix_gradient(batch, mask):
         tiers = scoring_tiers(batch.tokens, batch.positions, batch.attention_mask, group_size)
-        return sharding.tiered(*tiers, lambda operands, width: grad_fn(params, *operands, width), (batch, mask))
+        return sharding.tier_switch(*tiers, lambda operands, width: grad_fn(params, *operands, width), (batch, mask))
 
     gradient, shapes = traced_once(prefix_gradient, first, first.loss_mask)
     zeros = filled(shapes, 0)
@@ -436,8 +460,10 @@ def actor_update(logits_fn: LogitsFn, params, opt_state, batch: UpdateBatch, kep
       actor/pg_clipfrac_lower, actor/ppo_kl, actor/entropy_loss, [actor/kl_loss], actor/grad_norm, actor/lr,
       actor/num_updates, actor/nonfinite_skips.
     """
-    # a micro-batch holds whole groups, or equal parts of one, when the groups are consecutive and aligned
-    config = dataclasses.replace(config, group_size=math.gcd(config.group_size, config.micro))
+    # a micro-batch holds whole groups, or equal parts of one, when the groups are consecutive and aligned; only a
+    # CausalLM can score a group's prompt once
+    group_size = math.gcd(config.group_size, config.micro) if isinstance(logits_fn, CausalLM) else 1
+    config = dataclasses.replace(config, group_size=group_size)
     loss_fn = lambda p, b, m, w: _actor_loss(logits_fn, config, hyper, p, b, m, w)
     return run_minibatches(loss_fn, params, opt_state, batch, kept_rows, hyper.lr, config, "actor")
 

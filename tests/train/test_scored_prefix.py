@@ -71,9 +71,10 @@ def test_an_actor_update_on_padded_rows_equals_the_update_on_the_unpadded_rows()
 
 # ---------------------------------------------------------------------------------------------- grouped scoring
 GROUPS, GROUP_SIZE, PROMPTS = 3, 4, (37, 45, 41)  # each group's rows share their first PROMPTS[g] tokens
+GROUPED_LONG = 600  # windows of 64 (at most an eighth of the length), prefixes of 256, 512, 599
 
 
-def grouped_batch(length: int = LONG, seed: int = 0) -> update.UpdateBatch:
+def grouped_batch(length: int = GROUPED_LONG, seed: int = 0) -> update.UpdateBatch:
     """GROUPS groups of GROUP_SIZE rows: a shared prompt, then each row's own 5-59 tokens, right-padded to `length`."""
     rng = np.random.default_rng(seed)
     rows = GROUPS * GROUP_SIZE
@@ -91,16 +92,23 @@ def grouped_batch(length: int = LONG, seed: int = 0) -> update.UpdateBatch:
     return as_batch(tokens, positions, real, loss_mask, noise)
 
 
-def test_the_split_is_the_shortest_shared_prompt_and_the_window_holds_the_rest():
+def test_each_groups_split_is_its_shared_prompt_and_the_window_holds_the_rest():
     b = grouped_batch()
     inputs = (b.tokens[:, :-1], b.positions[:, :-1], b.attention_mask[:, :-1])
-    assert int(update.group_split(*inputs, GROUP_SIZE)) == min(PROMPTS)
-    assert int(update.group_split(*inputs, 2)) == min(PROMPTS)  # halves of a group share what the group shares
+    assert update.group_split(*inputs, GROUP_SIZE).tolist() == list(PROMPTS)
+    assert update.group_split(*inputs, 2).tolist() == [p for p in PROMPTS for _ in (0, 1)]  # halves of a group
     rows_differ = jnp.asarray(b.tokens).at[1, 3].add(1)  # row 1 leaves its group at position 3
-    assert int(update.group_split(rows_differ[:, :-1], *inputs[1:], GROUP_SIZE)) == 3
-    needed, tiers = update.scoring_tiers(b.tokens, b.positions, b.attention_mask, GROUP_SIZE)
-    assert tiers == (64, 128, 256, 399)
-    assert int(needed) == int(update.needed_width(b.attention_mask)) - (min(PROMPTS) - 1)  # targets: next tokens
+    assert update.group_split(rows_differ[:, :-1], *inputs[1:], GROUP_SIZE).tolist() == [3, *PROMPTS[1:]]
+    index, tiers = update.scoring_tiers(b.tokens, b.positions, b.attention_mask, GROUP_SIZE)
+    Tier = update.ScoreTier
+    assert tiers == (Tier(64, True), Tier(256, False), Tier(512, False), Tier(599, False)) and int(index) == 0
+    ends = np.asarray(b.attention_mask).sum(axis=1) - 1  # per row: the input positions whose targets may be real
+    shared = np.repeat(np.array(PROMPTS) - 1, GROUP_SIZE)  # targets: the next tokens
+    assert np.max(ends - shared) <= 64  # the first tier: the window
+    longer = grouped_batch().attention_mask.at[0, :300].set(True)  # row 0 needs 300 - 36 after its group's prompt
+    index, _ = update.scoring_tiers(b.tokens, b.positions, longer, GROUP_SIZE)
+    assert int(index) == 2  # a prefix of 512 holds it
+    assert update.scoring_tiers(b.tokens, b.positions, b.attention_mask, 1)[1] == (256, 512, 599)
 
 
 def test_grouped_scoring_equals_scoring_every_row_in_full():
@@ -118,14 +126,15 @@ def test_grouped_scoring_equals_scoring_every_row_in_full():
     real = np.asarray(b.attention_mask[:, 1:])
     np.testing.assert_allclose(np.where(real, logp, 0), np.where(real, ref_logp, 0), rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.where(real, entropy, 0), np.where(real, ref_entropy, 0), rtol=2e-5, atol=2e-5)
-    assert not np.any(np.asarray(logp[:, min(PROMPTS) - 1 + 64:]))  # the window: 64 targets after the shared ones
+    for g, prompt in enumerate(PROMPTS):  # each row's window: 64 targets after its group's shared ones
+        assert not np.any(np.asarray(logp[g * GROUP_SIZE:(g + 1) * GROUP_SIZE, prompt - 1 + 64:]))
 
     def loss(params, group_size, width):
         logp, entropy = score(params, group_size, width)
         return jnp.sum((logp + 0.1 * entropy) * b.loss_mask * b.advantages)
 
     gradient = jax.jit(jax.grad(loss), static_argnums=(1, 2))
-    grads, ref_grads = gradient(params, GROUP_SIZE, 64), gradient(params, 1, 128)
+    grads, ref_grads = gradient(params, GROUP_SIZE, update.ScoreTier(64, True)), gradient(params, 1, 256)
     for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * float(jnp.abs(r).max()))
 
@@ -133,13 +142,16 @@ def test_grouped_scoring_equals_scoring_every_row_in_full():
 def test_the_seams_default_grouped_forward_is_the_full_forward_cut_at_the_window():
     params = MODEL.init_params(jax.random.key(0))
     b = grouped_batch()
-    start = jnp.int32(min(PROMPTS))
-    args = (params, b.tokens, b.positions, b.attention_mask, GROUP_SIZE, start, 64)
+    starts = jnp.asarray(PROMPTS, jnp.int32)
+    args = (params, b.tokens, b.positions, b.attention_mask, GROUP_SIZE, starts, 64)
     (fast_group, fast_window), (group, window) = (jax.jit(MODEL.grouped_hidden_states, static_argnums=(4, 6))(*args),
                                                   lm.CausalLM.grouped_hidden_states(MODEL, *args))
-    assert group.shape == (GROUPS, LONG - 64, 16) and window.shape == (GROUPS * GROUP_SIZE, 64, 16)
-    np.testing.assert_allclose(fast_group[:, :min(PROMPTS)], group[:, :min(PROMPTS)], rtol=2e-5, atol=2e-5)
+    assert group.shape == (GROUPS, GROUPED_LONG - 64, 16) and window.shape == (GROUPS * GROUP_SIZE, 64, 16)
+    for g, prompt in enumerate(PROMPTS):
+        np.testing.assert_allclose(fast_group[g, :prompt], group[g, :prompt], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(fast_window, window, rtol=2e-5, atol=2e-5)
+    full = MODEL.hidden_states(params, b.tokens, b.positions, b.attention_mask)
+    np.testing.assert_array_equal(window[4], full[4, PROMPTS[1]:PROMPTS[1] + 64])  # row 4 is group 1's first
 
 
 def test_an_actor_update_with_grouped_scoring_equals_the_plain_update():
