@@ -230,18 +230,22 @@ class GroupHead {
 };
 
 template <int HD>
-void Run(const Problem& p, ffi::ThreadPool& pool) {
+void Run(const std::vector<Problem>& problems, ffi::ThreadPool& pool) {
   // rows without new tokens, and every row's padding after its new tokens, get zeros
-  std::memset(p.out, 0, sizeof(float) * p.B * p.T * p.H * HD);
+  for (const Problem& p : problems) std::memset(p.out, 0, sizeof(float) * p.B * p.T * p.H * HD);
   struct Progress {
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> done{0};
   };
   auto progress = std::make_shared<Progress>();
-  const int64_t items = p.B / p.group_size * p.K;  // (group, kv head)
-  auto work = [&p, items](Progress& s) {
+  const Problem& first = problems.front();
+  const int64_t per_problem = first.B / first.group_size * first.K;  // (group, kv head) of one member
+  const int64_t items = per_problem * static_cast<int64_t>(problems.size());
+  auto work = [&problems, per_problem, items](Progress& s) {
     for (int64_t i; (i = s.next.fetch_add(1)) < items;) {
-      GroupHead<HD>(p, i / p.K, i % p.K).Run();
+      const Problem& p = problems[i / per_problem];
+      const int64_t item = i % per_problem;
+      GroupHead<HD>(p, item / p.K, item % p.K).Run();
       s.done.fetch_add(1);
     }
   };
@@ -253,28 +257,49 @@ void Run(const Problem& p, ffi::ThreadPool& pool) {
   while (progress->done.load() < items) std::this_thread::yield();
 }
 
+// Operands may carry leading batch dimensions (a vmapped call, `vmap_method="broadcast_all"`: every operand has
+// them, all alike): each index of them is one member, an independent problem; all members share the work queue.
 ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                           ffi::Buffer<ffi::F32> v, ffi::BufferR0<ffi::S32> layer, ffi::Buffer<ffi::S32> lengths,
-                           ffi::Buffer<ffi::S32> num_new, ffi::BufferR0<ffi::S32> shared,
+                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> lengths,
+                           ffi::Buffer<ffi::S32> num_new, ffi::Buffer<ffi::S32> shared,
                            ffi::ResultBuffer<ffi::F32> out, int64_t group_size) {
   const auto qd = q.dimensions(), kd = k.dimensions();
-  if (qd.size() != 4 || kd.size() != 5) return ffi::Error::InvalidArgument("q must be [B,T,H,hd], k/v [L,B,K,S,hd]");
-  Problem p;
-  p.B = qd[0], p.T = qd[1], p.H = qd[2], p.K = kd[2], p.S = kd[3];
-  const int64_t hd = qd[3], L = kd[0];
-  const int64_t l = layer.typed_data()[0];
-  if (kd[1] != p.B || kd[4] != hd || p.H % p.K != 0 || l < 0 || l >= L || group_size < 1 || p.B % group_size != 0)
-    return ffi::Error::InvalidArgument("cached attention: inconsistent shapes, layer or group size");
-  const int64_t layer_size = p.B * p.K * p.S * hd;
-  p.q = q.typed_data(), p.k = k.typed_data() + l * layer_size, p.v = v.typed_data() + l * layer_size;
-  p.lengths = lengths.typed_data(), p.num_new = num_new.typed_data(), p.out = out->typed_data();
-  p.shared = group_size > 1 ? shared.typed_data()[0] : 0;
-  p.group_size = group_size;
+  if (qd.size() < 4 || kd.size() != qd.size() + 1)
+    return ffi::Error::InvalidArgument("q must be [..., B,T,H,hd], k/v [..., L,B,K,S,hd]");
+  const size_t batch_dims = qd.size() - 4;
+  int64_t members = 1;
+  for (size_t i = 0; i < batch_dims; ++i) {
+    if (kd[i] != qd[i]) return ffi::Error::InvalidArgument("cached attention: batch dimensions differ");
+    members *= qd[i];
+  }
+  if (members == 0) return ffi::Error::Success();
+  const auto* d = qd.begin() + batch_dims;
+  const auto* e = kd.begin() + batch_dims;
+  const int64_t B = d[0], T = d[1], H = d[2], hd = d[3], L = e[0], K = e[2], S = e[3];
+  if (layer.element_count() != members || shared.element_count() != members ||
+      lengths.element_count() != members * B || num_new.element_count() != members * B)
+    return ffi::Error::InvalidArgument("cached attention: operands of different batch shapes");
+  if (e[1] != B || e[4] != hd || H % K != 0 || group_size < 1 || B % group_size != 0)
+    return ffi::Error::InvalidArgument("cached attention: inconsistent shapes or group size");
+  const int64_t layer_size = B * K * S * hd, q_size = B * T * H * hd;
+  std::vector<Problem> problems(members);
+  for (int64_t m = 0; m < members; ++m) {
+    const int64_t l = layer.typed_data()[m];
+    if (l < 0 || l >= L) return ffi::Error::InvalidArgument("cached attention: layer out of range");
+    Problem& p = problems[m];
+    p.B = B, p.T = T, p.H = H, p.K = K, p.S = S;
+    p.q = q.typed_data() + m * q_size;
+    p.k = k.typed_data() + (m * L + l) * layer_size, p.v = v.typed_data() + (m * L + l) * layer_size;
+    p.lengths = lengths.typed_data() + m * B, p.num_new = num_new.typed_data() + m * B;
+    p.out = out->typed_data() + m * q_size;
+    p.shared = group_size > 1 ? shared.typed_data()[m] : 0;
+    p.group_size = group_size;
+  }
   switch (hd) {
-    case 16: Run<16>(p, pool); break;
-    case 32: Run<32>(p, pool); break;
-    case 64: Run<64>(p, pool); break;
-    case 128: Run<128>(p, pool); break;
+    case 16: Run<16>(problems, pool); break;
+    case 32: Run<32>(problems, pool); break;
+    case 64: Run<64>(problems, pool); break;
+    case 128: Run<128>(problems, pool); break;
     default: return ffi::Error::InvalidArgument("cached attention: head_dim must be 16, 32, 64 or 128");
   }
   return ffi::Error::Success();
@@ -288,9 +313,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RagenCachedAttention, CachedAttention,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // q
                                   .Arg<ffi::Buffer<ffi::F32>>()   // k buffer
                                   .Arg<ffi::Buffer<ffi::F32>>()   // v buffer
-                                  .Arg<ffi::BufferR0<ffi::S32>>()  // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer
                                   .Arg<ffi::Buffer<ffi::S32>>()   // lengths
                                   .Arg<ffi::Buffer<ffi::S32>>()   // num_new
-                                  .Arg<ffi::BufferR0<ffi::S32>>()  // shared
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // shared
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out
                                   .Attr<int64_t>("group_size"));

@@ -108,9 +108,11 @@ def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: ja
     slots 0 .. min(lengths[b] + t, S - 1). num_new int32[B]: the rows' real new tokens; queries from num_new[b] on
     (and rows with none) get zeros. shared (i32 scalar), group_size (static): `KVCache.shared` and `group_size`
     (slots below `shared` are read from the group's first row). Returns float32[B, T, H*hd], equal to
-    `transformer.cached_attention` over the whole cache up to float32 rounding. Runs sequentially under `vmap`.
+    `transformer.cached_attention` over the whole cache up to float32 rounding. Under `vmap` one call serves every
+    member (`broadcast_all`: the kernel treats each index of the leading batch dimensions as a problem of its own and
+    runs all members' work items on the threads together).
     """
     B, T, H, hd = q.shape
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((B, T, H * hd), jnp.float32), vmap_method="sequential")
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((B, T, H * hd), jnp.float32), vmap_method="broadcast_all")
     return call(q, k_buf, v_buf, jnp.asarray(layer, jnp.int32), lengths.astype(jnp.int32), num_new.astype(jnp.int32),
                 jnp.asarray(shared, jnp.int32), group_size=np.int64(group_size))
