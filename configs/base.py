@@ -95,6 +95,7 @@ def _algo() -> ml_collections.ConfigDict:
     c.soft_advantage_reweight = False  # scale advantages by group std / max std (docs/filtering.md)
     c.zero_task_advantage = False  # ablation: regulariser gradients only
     c.critic_warmup = 0  # steps that update only the critic
+    c.score_width_tiers = 0  # most static widths the training forwards score at: fewer = less to compile (0 = all)
     return c
 
 

@@ -143,6 +143,7 @@ NON_NEGATIVE_KEYS = (
     "diagnostics.grad_analysis_every",
     "diagnostics.grad_analysis_num_groups",
     "diagnostics.grad_analysis_group_size",
+    "algo.score_width_tiers",
     "rollout.top_k",
     "algo.critic_warmup",
     "optim.warmup_steps",

@@ -6,8 +6,11 @@
 `ragen_jax.train.sweep.Sweep` whose members differ in seed and filter value (S = 1: filter 1.0, seed 0; S >= 2:
 filter.value in (1.0, 0.5) x seeds 0 .. S/2 - 1). Each S in turn, in this one process, with a persistent compilation
 cache in a fresh temporary folder:
-  compile_s: the fused sweep step's tracing + lowering + XLA compilation (`train.host.Timed`); cached_s: the same for
-    a second Sweep object, whose program comes from the persistent cache (what a rerun pays);
+  compile_s: the fused sweep step's tracing + lowering + XLA compilation in a new Python process (`--compile S`), as a
+    study's first run pays it; cached_s: the same in a second new process on the same cache folder, whose program
+    comes from the persistent cache (what a rerun pays). Each is its own process: in this one, a lowering after other
+    programs have been traced can differ from a new process's (JAX's trace caches evict in another order) and then
+    misses the cache where a rerun hits it;
   step_s: the median of `steps` calls of the fused step after its first two;
   phases_s: the same step as four vmapped programs (`Sweep.phased_step`), median of `steps` calls per phase;
   validation_s: the vmapped validation rollout of every member (median of 2 calls after its first), and
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +50,10 @@ GOALS = {"s16.member_steps_per_min": 40, "per_member_s16_over_s1": ("<=", 0.5), 
 STUDY = {"rollout.val_num_groups": 256, "rollout.val_group_size": 1, "train.test_freq": 10, "checkpoint.dir": "",
          "logging.dir": "", "logging.progress_bar": False}
 FILTER_VALUES = (1.0, 0.5)
+
+
+def study_config(cache: str):
+    return apply_overrides(frozen_lake.get_config("tiny"), {**STUDY, "logging.compilation_cache": cache})
 
 
 def points(size: int) -> list[dict]:
@@ -82,31 +90,41 @@ def member_step_flops(config, train_step, metrics: dict) -> dict[str, float]:
     }
 
 
+def compile_step(config, size: int) -> float:
+    """Seconds to trace, lower and compile the S = `size` fused step (or load it from the persistent cache)."""
+    sweep = Sweep(config, points(size), log=None)
+    stacked = sweep.stack_states(sweep.initial_states())
+    start = time.perf_counter()
+    with jax.set_mesh(sweep.mesh):
+        sweep.step_fn(jax.eval_shape(lambda: stacked)).lower(stacked, *sweep.step_args([False] * size)).compile()
+    return time.perf_counter() - start
+
+
+def new_process_compile_s(size: int) -> float:
+    """`compile_step` in a new process on this process's cache folder."""
+    out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.study_throughput", "--compile", str(size),
+                          "--cache", jax.config.jax_compilation_cache_dir], check=True, capture_output=True,
+                         text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    return float(out.stdout.split()[-1])
+
+
 def bench_size(config, size: int, steps: int, matmul_rate: float) -> dict:
     log = lambda line: print(f"[S={size}] {line}", file=sys.stderr, flush=True)  # noqa: E731
+    compile_s, cached_s = new_process_compile_s(size), new_process_compile_s(size)
+    log(f"compiled in {compile_s:.1f} s in a new process, {cached_s:.1f} s in the next")
     sweep = Sweep(config, points(size), log=None)
     stacked = sweep.stack_states(sweep.initial_states())
     abstract = jax.eval_shape(lambda: stacked)
     args = sweep.step_args([False] * size)
     with jax.set_mesh(sweep.mesh):
         step = Timed(sweep.step_fn(abstract), "step")
-        (state, metrics, _), timing = step(stacked, *args)
-        compile_s = timing["timing_s/lower_step"] + timing["timing_s/compile_step"]
-        log(f"compiled in {compile_s:.1f} s, first step {timing['timing_s/step']:.1f} s")
+        (state, metrics, _), _ = step(stacked, *args)
         (state, metrics, _), _ = step(state, *args)  # the second call is still slow (first touches of its buffers)
         times = []
         for _ in range(steps):
             (state, metrics, _), timing = step(state, *args)
             times.append(timing["timing_s/step"])
         log(f"steps {[round(t, 2) for t in times]}")
-        # a rerun: new functions traced and lowered again from empty trace caches, as a new process would, XLA from
-        # the persistent cache
-        jax.clear_caches()
-        rerun = Sweep(config, points(size), log=None)
-        fresh = rerun.stack_states(rerun.initial_states())
-        start = time.perf_counter()
-        rerun.step_fn(abstract).lower(fresh, *rerun.step_args([False] * size)).compile()
-        cached_s = time.perf_counter() - start
         phased = sweep.phased_step(abstract)
         phases = {name: [] for name in PHASES}
         for i in range(steps + 1):
@@ -145,12 +163,18 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--sizes", default="1,4,16", help="member counts, comma-separated")
     parser.add_argument("--steps", type=int, default=3, help="timed calls of each program after its first")
     parser.add_argument("--quick", action="store_true", help="S = 1 and 2, one timed call")
+    parser.add_argument("--compile", type=int, metavar="S", help=argparse.SUPPRESS)  # new_process_compile_s's child
+    parser.add_argument("--cache", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.compile:
+        compile_cache.enable(args.cache)
+        print(round(compile_step(study_config(args.cache), args.compile), 2))
+        return
     sizes = [1, 2] if args.quick else [int(s) for s in args.sizes.split(",")]
     steps = 1 if args.quick else args.steps
     cache = tempfile.mkdtemp(prefix="study_throughput_xla_")
     compile_cache.enable(cache)  # before the first compilation: each program's first compile is a real one
-    config = apply_overrides(frozen_lake.get_config("tiny"), {**STUDY, "logging.compilation_cache": cache})
+    config = study_config(cache)
     run_matmul, matmul = matmul_reference()
     run_matmul()
     matmul_rate = matmul / median_time(run_matmul, 3)

@@ -248,8 +248,10 @@ class TrainStep:
         o = self.options
         temperature = hyper.actor.temperature
         tokens, positions, attention, loss_mask = batch_lib.model_inputs(traj)
+        tiers = o.update_config.score_tiers
         old_logp, old_entropy = update.token_logprobs(self.logits_fn, state.actor, tokens, positions, attention,
-                                                      temperature, o.update_config.vocab_chunk, group_size=group_size)
+                                                      temperature, o.update_config.vocab_chunk, group_size=group_size,
+                                                      max_tiers=tiers)
         metrics = {"actor/entropy": (old_entropy * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)}
         scores = rewards_lib.normalize_group_rewards(
             traj.episode_reward.reshape(num_groups, group_size), o.reward_normalization).reshape(-1)
@@ -260,10 +262,10 @@ class TrainStep:
         ref_logp = zeros
         if o.use_ref:
             ref_logp = update.token_logprobs(self.logits_fn, state.ref, tokens, positions, attention, temperature,
-                                             o.update_config.vocab_chunk, group_size=group_size)[0]
+                                             o.update_config.vocab_chunk, group_size=group_size, max_tiers=tiers)[0]
         values = zeros
         if o.use_critic:
-            values = update.token_values(self.values_fn, state.critic, tokens, positions, attention)
+            values = update.token_values(self.values_fn, state.critic, tokens, positions, attention, max_tiers=tiers)
         token_rewards = rewards_lib.last_token_rewards(scores, loss_mask)
         if o.use_kl_in_reward:
             token_rewards, kl_metrics = adv_lib.kl_in_reward(token_rewards, old_logp, ref_logp, loss_mask,

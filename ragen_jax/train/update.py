@@ -80,14 +80,16 @@ class UpdateConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     group_size: int = 1  # consecutive rows that share a prompt (rollout.group_size): the actor scores it once per group
+    score_tiers: int = 0  # at most this many static scoring widths (`limit_tiers`; algo.score_width_tiers); 0 = all
 
     def __post_init__(self):
         micro = self.micro_batch_size or self.minibatch_size
         if self.minibatch_size < 1 or self.epochs < 1 or self.minibatch_size % micro:
             raise ValueError(f"UpdateConfig epochs={self.epochs}, minibatch_size={self.minibatch_size}, "
                              f"micro_batch_size={self.micro_batch_size}: need positive sizes, micro dividing minibatch")
-        if self.group_size < 1:
-            raise ValueError(f"UpdateConfig group_size={self.group_size}: need a positive group size")
+        if self.group_size < 1 or self.score_tiers < 0:
+            raise ValueError(f"UpdateConfig group_size={self.group_size}, score_tiers={self.score_tiers}: need a "
+                             "positive group size and score_tiers >= 0")
         if self.vocab_chunk < 1 or self.logits_chunk < 1:
             raise ValueError(f"UpdateConfig vocab_chunk={self.vocab_chunk}, logits_chunk={self.logits_chunk}: "
                              "need positive chunk sizes")
@@ -105,7 +107,8 @@ class UpdateConfig:
         fields = dict(epochs=a.ppo_epochs, minibatch_size=a.ppo_mini_batch_size,
                       micro_batch_size=a.ppo_micro_batch_size or None, loss_agg_mode=a.loss_agg_mode,
                       use_kl_loss=a.use_kl_loss, kl_loss_type=a.kl_loss_type, b1=o.b1, b2=o.b2,
-                      weight_decay=o.weight_decay, grad_clip=o.grad_clip, group_size=config.rollout.group_size)
+                      weight_decay=o.weight_decay, grad_clip=o.grad_clip, group_size=config.rollout.group_size,
+                      score_tiers=a.score_width_tiers)
         return cls(**{**fields, **overrides})
 
 
@@ -167,7 +170,8 @@ def optimizer_step(params, opt_state, grads, lr, config: UpdateConfig):
 # ------------------------------------------------------------------------------------------------ forward passes
 def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, attention_mask, temperature,
                    vocab_chunk: int = DEFAULT_VOCAB_CHUNK, logits_chunk: int = DEFAULT_LOGITS_CHUNK,
-                   width: "int | ScoreTier | None" = None, group_size: int = 1) -> tuple[jax.Array, jax.Array]:
+                   width: "int | ScoreTier | None" = None, group_size: int = 1, max_tiers: int = 0
+                   ) -> tuple[jax.Array, jax.Array]:
     """(log pi(tokens[:, 1:]), full-vocabulary entropy), both f32[B, L-1], at `temperature`.
 
     tokens, positions: int32[B, L]; attention_mask: bool[B, L]. A `CausalLM` is scored from its hidden states,
@@ -177,7 +181,8 @@ def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, at
     the ratio is 1 on the first minibatch up to float32 rounding (docs/architecture.md, design rule 6). Only a
     prefix that holds every real token is scored (`scored_prefix`, `width` as there); targets after it get 0.
     group_size > 1 (a `CausalLM`): groups of that many consecutive rows that share a prompt have it computed once
-    per group (`grouped_scoring`; `width` is then a `ScoreTier` of `scoring_tiers`, or None).
+    per group (`grouped_scoring`; `width` is then a `ScoreTier` of `scoring_tiers`, or None). `max_tiers`: as
+    `limit_tiers`, when `width` is None.
     """
     if group_size > 1 and isinstance(logits_fn, CausalLM):
         unembed = functools.partial(logits_fn.logits_from_hidden, params)
@@ -185,7 +190,8 @@ def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, at
         def score_hidden(hidden, targets):
             return hidden_logprobs_and_entropy(unembed, hidden, targets, temperature, logits_chunk, vocab_chunk)
 
-        return grouped_scoring(logits_fn, params, score_hidden, tokens, positions, attention_mask, group_size, width)
+        return grouped_scoring(logits_fn, params, score_hidden, tokens, positions, attention_mask, group_size, width,
+                               max_tiers)
 
     def score(tokens, positions, attention_mask, targets):
         if isinstance(logits_fn, CausalLM):
@@ -195,23 +201,30 @@ def token_logprobs(logits_fn: LogitsFn | CausalLM, params, tokens, positions, at
         return logprobs_and_entropy(logits_fn(params, tokens, positions, attention_mask), targets, temperature,
                                     vocab_chunk)
 
-    return scored_prefix(score, tokens, positions, attention_mask, width)
+    return scored_prefix(score, tokens, positions, attention_mask, width, max_tiers)
 
 
-def token_values(values_fn: ValuesFn, params, tokens, positions, attention_mask, width: int | None = None
-                 ) -> jax.Array:
+def token_values(values_fn: ValuesFn, params, tokens, positions, attention_mask, width: int | None = None,
+                 max_tiers: int = 0) -> jax.Array:
     """Critic values f32[B, L-1] aligned with the targets (value of the prefix up to token t); 0 after the prefix
-    that holds every real token (`scored_prefix`, `width` as there)."""
+    that holds every real token (`scored_prefix`, `width` and `max_tiers` as there)."""
     return scored_prefix(lambda t, p, m, _: values_fn(params, t, p, m).astype(jnp.float32),
-                         tokens, positions, attention_mask, width)
+                         tokens, positions, attention_mask, width, max_tiers)
 
 
-def prefix_widths(tokens: jax.Array) -> tuple[int, ...]:
+def limit_tiers(tiers: tuple, max_tiers: int) -> tuple:
+    """At most `max_tiers` of the ordered `tiers` (0: all of them): the first max_tiers - 1 and the last, which holds
+    every row. Fewer tiers compile fewer copies of the forward (and of the backward in the update); a row that would
+    have taken a dropped tier is scored at the next one kept, with more padding."""
+    return tiers if not max_tiers or len(tiers) <= max_tiers else tiers[:max_tiers - 1] + tiers[-1:]
+
+
+def prefix_widths(tokens: jax.Array, max_tiers: int = 0) -> tuple[int, ...]:
     """The static widths `scored_prefix` chooses from for tokens [B, L]: those of `kv_cache.attended_widths(L - 1)`
     that are at least a quarter of L - 1 (every width is one more compiled copy of the model's forward, and of its
-    backward in the update: shorter ones would rarely pay for theirs)."""
+    backward in the update: shorter ones would rarely pay for theirs), at most `max_tiers` (`limit_tiers`)."""
     length = tokens.shape[1] - 1
-    return tuple(w for w in kv.attended_widths(length) if 4 * w >= length)
+    return limit_tiers(tuple(w for w in kv.attended_widths(length) if 4 * w >= length), max_tiers)
 
 
 def needed_width(attention_mask: jax.Array) -> jax.Array:
@@ -224,7 +237,7 @@ def row_needed_widths(attention_mask: jax.Array) -> jax.Array:
     return jnp.max(jnp.where(attention_mask, jnp.arange(attention_mask.shape[1]) + 1, 0), axis=1) - 1
 
 
-def scored_prefix(score, tokens, positions, attention_mask, width: int | None = None):
+def scored_prefix(score, tokens, positions, attention_mask, width: int | None = None, max_tiers: int = 0):
     """`score(tokens, positions, attention_mask, targets)` of a causal model over the first w of the L - 1 input
     positions, its f32[B, w] outputs zero-padded to [B, L - 1]: w is the smallest width of
     `prefix_widths` that holds every real target (up to the last True of `attention_mask`), so a
@@ -232,7 +245,8 @@ def scored_prefix(score, tokens, positions, attention_mask, width: int | None = 
     `sharding.tiered`). Causality makes the outputs before w those of the whole sequence (up to float rounding);
     the targets after it are padding. A static `width` (one of `prefix_widths`, at least `needed_width`) is used
     as given: a caller that differentiates picks the width outside its gradient, so the branches' residuals stay
-    inside them (a switch inside the gradient carries every branch's residuals, zero-filled).
+    inside them (a switch inside the gradient carries every branch's residuals, zero-filled). `max_tiers`: see
+    `prefix_widths`.
     """
     length = tokens.shape[1] - 1
 
@@ -244,7 +258,7 @@ def scored_prefix(score, tokens, positions, attention_mask, width: int | None = 
     operands = (tokens, positions, attention_mask)
     if width is not None:
         return run(operands, width)
-    return sharding.tiered(needed_width(attention_mask), prefix_widths(tokens), run, operands)
+    return sharding.tiered(needed_width(attention_mask), prefix_widths(tokens, max_tiers), run, operands)
 
 
 def group_split(tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, group_size: int) -> jax.Array:
@@ -282,12 +296,20 @@ def group_windows(tokens: jax.Array) -> tuple[int, ...]:
     return tuple(w for w in (64 << i for i in range(length.bit_length())) if 8 * w <= length)
 
 
-def scoring_tiers(tokens, positions, attention_mask, group_size: int) -> tuple[jax.Array, tuple]:
+def scoring_tiers(tokens, positions, attention_mask, group_size: int, max_tiers: int = 0
+                  ) -> tuple[jax.Array, tuple]:
     """(index i32[], tiers): `sharding.tier_switch(index, tiers, fn, operand)` picks how `token_logprobs(...,
     width=tiers[index], group_size=group_size)` scores tokens [B, L]: with group_size 1, the smallest of
     `prefix_widths` holding every real target (ints); else the smallest of `group_windows` that holds each row's
-    targets after its group's shared ones, or, when none does, that prefix (`ScoreTier`s). A caller that
-    differentiates picks it outside its gradient."""
+    targets after its group's shared ones, or, when none does, that prefix (`ScoreTier`s); at most `max_tiers` of
+    them (`limit_tiers`: a pick past the kept ones takes the last, the whole length). A caller that differentiates
+    picks it outside its gradient."""
+    index, tiers = _all_scoring_tiers(tokens, positions, attention_mask, group_size)
+    kept = limit_tiers(tiers, max_tiers)
+    return jnp.minimum(index, len(kept) - 1), kept
+
+
+def _all_scoring_tiers(tokens, positions, attention_mask, group_size: int) -> tuple[jax.Array, tuple]:
     prefixes = prefix_widths(tokens)
     prefix = sharding.sweep_max(jnp.minimum(jnp.searchsorted(jnp.asarray(prefixes), needed_width(attention_mask)),
                                             len(prefixes) - 1))  # one prefix for every member that takes one
@@ -301,7 +323,7 @@ def scoring_tiers(tokens, positions, attention_mask, group_size: int) -> tuple[j
 
 
 def grouped_scoring(model: CausalLM, params, score_hidden, tokens, positions, attention_mask, group_size: int,
-                    tier: ScoreTier | None = None):
+                    tier: ScoreTier | None = None, max_tiers: int = 0):
     """`score_hidden(hidden f32[R, W, D], targets i32[R, W])` (outputs f32[R, W] each) of tokens [B, L] in groups of
     n = `group_size` consecutive rows that share a prompt, as `tier` says (default: `scoring_tiers`' pick). A grouped
     tier: `model.grouped_hidden_states` computes each group's prompt once and each row's window of `tier.width`
@@ -333,7 +355,7 @@ def grouped_scoring(model: CausalLM, params, score_hidden, tokens, positions, at
     operands = (tokens, positions, attention_mask)
     if tier is not None:
         return run(operands, tier)
-    return sharding.tier_switch(*scoring_tiers(*operands, group_size), run, operands)
+    return sharding.tier_switch(*scoring_tiers(*operands, group_size, max_tiers), run, operands)
 
 
 def _actor_loss(logits_fn, config: UpdateConfig, hyper: ActorHyper, params, batch: UpdateBatch, mask, width):
@@ -369,15 +391,17 @@ def _split(tree, block: int):
     return sharding.shard_batch(split, axis=1)
 
 
-def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_rows, micro: int, group_size: int):
+def _minibatch_gradient(loss_fn, params, minibatch: UpdateBatch, row_ids, kept_rows, micro: int, group_size: int,
+                        max_tiers: int):
     """Mean over micro-batches holding a kept row of (grad, metrics); empty micro-batches are skipped. Each
-    micro-batch is scored at the width `scoring_tiers` picks for its rows (groups of `group_size` rows)."""
+    micro-batch is scored at the width `scoring_tiers` picks for its rows (groups of `group_size` rows, at most
+    `max_tiers` widths)."""
     micro_batches = (_split(minibatch, micro), row_ids.reshape(-1, micro))
     grad_fn = jax.grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], micro_batches[0])
 
     def prefix_gradient(batch, mask):
-        tiers = scoring_tiers(batch.tokens, batch.positions, batch.attention_mask, group_size)
+        tiers = scoring_tiers(batch.tokens, batch.positions, batch.attention_mask, group_size, max_tiers)
         return sharding.tier_switch(*tiers, lambda operands, width: grad_fn(params, *operands, width), (batch, mask))
 
     gradient, shapes = traced_once(prefix_gradient, first, first.loss_mask)
@@ -420,7 +444,7 @@ def run_minibatches(loss_fn, params, opt_state, batch: UpdateBatch, kept_rows, l
         def run(carry):
             params, opt_state = carry
             grads, metrics = _minibatch_gradient(loss_fn, params, minibatch, rows, kept_rows, config.micro,
-                                                 config.group_size)
+                                                 config.group_size, config.score_tiers)
             params, opt_state, grad_norm, applied = optimizer_step(params, opt_state, grads, lr, config)
             stats = {**metrics, f"{prefix}/grad_norm": grad_norm, f"{prefix}/num_updates": jnp.float32(1),
                      f"{prefix}/nonfinite_skips": 1.0 - applied.astype(jnp.float32)}

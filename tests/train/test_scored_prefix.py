@@ -109,6 +109,12 @@ def test_each_groups_split_is_its_shared_prompt_and_the_window_holds_the_rest():
     index, _ = update.scoring_tiers(b.tokens, b.positions, longer, GROUP_SIZE)
     assert int(index) == 2  # a prefix of 512 holds it
     assert update.scoring_tiers(b.tokens, b.positions, b.attention_mask, 1)[1] == (256, 512, 599)
+    # at most two tiers (algo.score_width_tiers 2): the window and the whole length; the 512 pick takes the latter
+    index, tiers = update.scoring_tiers(b.tokens, b.positions, longer, GROUP_SIZE, max_tiers=2)
+    assert tiers == (Tier(64, True), Tier(599, False)) and int(index) == 1
+    assert int(update.scoring_tiers(b.tokens, b.positions, b.attention_mask, GROUP_SIZE, max_tiers=2)[0]) == 0
+    assert update.scoring_tiers(b.tokens, b.positions, b.attention_mask, 1, max_tiers=1)[1] == (599,)
+    assert update.prefix_widths(b.tokens, max_tiers=2) == (256, 599)
 
 
 def test_grouped_scoring_equals_scoring_every_row_in_full():
