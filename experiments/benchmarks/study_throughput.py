@@ -4,8 +4,8 @@
 
 `configs/frozen_lake.py:tiny` with 256 validation prompts every 10 steps (a powered study's setting) as a
 `ragen_jax.train.sweep.Sweep` whose members differ in seed and filter value (S = 1: filter 1.0, seed 0; S >= 2:
-filter.value in (1.0, 0.5) x seeds 0 .. S/2 - 1). Each S in turn, in this one process, with a persistent compilation
-cache in a fresh temporary folder:
+filter.value in (1.0, 0.5) x seeds 0 .. S/2 - 1). Each S in turn, with a persistent compilation cache in a fresh
+temporary folder (the compiles in child processes, the rest in this one):
   compile_s: the fused sweep step's tracing + lowering + XLA compilation in a new Python process (`--compile S`), as a
     study's first run pays it; cached_s: the same in a second new process on the same cache folder, whose program
     comes from the persistent cache (what a rerun pays). Each is its own process: in this one, a lowering after other
