@@ -23,6 +23,7 @@ so a remake is equivalent, not bit-identical):
 import os
 
 from configs import tasks
+from ragen_jax.algos import presets
 
 WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_starts", "frozen_lake_tiny")
 ACCELERATOR = {"env.success_rate": 1.0}
@@ -34,5 +35,30 @@ TINY = {"env.kwargs": {"goal_distance": 1}, "rollout.max_turn": 1, "rollout.max_
         "algo.use_kl_loss": True, "algo.kl_loss_type": "low_var_kl", "algo.kl_loss_coef": 0.5, "filter.value": 1.0}
 
 
+MIXED_WARM_START = os.path.join(os.path.dirname(WARM_START), "frozen_lake_mixed")
+# Mixed difficulty and slip (experiments/studies/filter_vs_none): the goal 1-3 moves away, up to 3 moves in the one
+# turn, the intended move happening with probability 0.8; RAGEN-2's slip experiment's regularisation (KL 0,
+# entropy 0) and the linear top-p rule, the one that ranks groups by reward variance (the filter arms sweep
+# filter.value and filter.include_zero).
+MIXED = {"env.kwargs": {"goal_distance": 3}, "env.success_rate": 0.8, "rollout.max_actions_per_turn": 3,
+         "rollout.max_actions_per_traj": 3, "rollout.response_length": 64, "rollout.max_model_len": 768,
+         "model.pretrained_path": MIXED_WARM_START, "train.total_steps": 150, "rollout.val_num_groups": 256,
+         "algo.entropy_coeff": 0.0, "algo.use_kl_loss": False, "optim.critic_lr": 5e-3,
+         # every run takes all its steps: a study compares arms at the same budget
+         "filter.empty_stop_steps": 0, "filter.rv_collapse_window": 0, "filter.val_success_patience": 0}
+MIXED_ALGORITHMS = ("ppo", "drgrpo")  # advantages that carry the reward's scale: GAE, and GRPO without the std
+
+
+def mixed(algorithm: str):
+    """The mixed setting with `algorithm` (PPO with GAE, or Dr.GRPO: GRPO's group baseline without the std)."""
+    if algorithm not in MIXED_ALGORITHMS:
+        raise ValueError(f"configs/frozen_lake.py:mixed,{algorithm}: use mixed,ppo or mixed,drgrpo")
+    config = presets.preset_config(tasks.tiny("frozen_lake", TINY), algorithm, filter="linear")
+    return presets.apply_overrides(config, MIXED)
+
+
 def get_config(arg: str | None = None):
+    name, _, algorithm = (arg or "").partition(",")
+    if name == "mixed":
+        return mixed(algorithm or "ppo")
     return tasks.get(arg, "frozen_lake", ACCELERATOR, TINY)

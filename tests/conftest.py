@@ -2,7 +2,11 @@
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# The suite's programs are tiny and mostly compiled once, run a few times: XLA's CPU backend without LLVM
+# optimisations and with its older fusion emitters compiles them several times faster and runs them a little slower.
+TEST_XLA_FLAGS = ("--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+                  "--xla_cpu_use_fusion_emitters=false")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TEST_XLA_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # `from tests.environments.helpers import ...` works under plain `pytest` too, not only `python -m pytest`.

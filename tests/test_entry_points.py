@@ -12,6 +12,7 @@ from experiments import cli
 from experiments import sweep as sweep_cli
 from experiments import train as train_cli
 from ragen_jax import distributed
+from ragen_jax.train import sweep as sweep_lib
 
 SCRIPTS = {"ragen-train": "--workdir", "ragen-sweep": "--sweep", "ragen-eval": "--temperatures",
            "ragen-report": "--group-by"}
@@ -39,6 +40,18 @@ def test_sweep_axes_parse_as_python_literals():
     for bad in ("filter.value", "=1,2", "filter.value="):
         with pytest.raises(ValueError, match="expected --sweep=KEY=V1,V2"):
             sweep_cli.parse_axis(bad)
+    # a zipped axis: the keys vary together, then the grid crosses it with the other axes
+    arms = sweep_cli.parse_axis("filter.value/filter.include_zero=1.0/True,0.9/False")
+    assert arms == ("filter.value/filter.include_zero", [(1.0, True), (0.9, False)])
+    assert sweep_lib.grid(dict([arms, ("train.seed", [0, 1])])) == [
+        {"filter.value": 1.0, "filter.include_zero": True, "train.seed": 0},
+        {"filter.value": 1.0, "filter.include_zero": True, "train.seed": 1},
+        {"filter.value": 0.9, "filter.include_zero": False, "train.seed": 0},
+        {"filter.value": 0.9, "filter.include_zero": False, "train.seed": 1}]
+    with pytest.raises(ValueError, match="needs 2 values per member, joined by /"):
+        sweep_cli.parse_axis("filter.value/filter.include_zero=1.0/True,0.9")
+    with pytest.raises(ValueError, match="each value must be a tuple of 2"):
+        sweep_lib.grid({"filter.value/filter.include_zero": [1.0]})
 
 
 @pytest.mark.parametrize("main, argv, message", [

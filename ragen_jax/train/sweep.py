@@ -57,10 +57,26 @@ SWEEPABLE = ("filter.value", "filter.eps", "filter.include_zero", "algo.gamma", 
              "filter.val_success_floor", "filter.val_success_patience")
 
 
+ZIP = "/"  # joins the keys of a zipped axis: {"a/b": [(1, 2), (3, 4)]} varies a and b together
+
+
 def grid(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """The cartesian product of `{key: values}` as a list of override dicts (the last key varies fastest)."""
-    keys = list(axes)
-    return [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
+    """The cartesian product of `{key: values}` as a list of override dicts (the last key varies fastest). A key
+    `"a/b"` is a zipped axis: each of its values is a tuple `(value of a, value of b)`, so a and b vary together
+    (e.g. the arms of a study, each a combination of settings)."""
+    for key, values in axes.items():
+        width = len(key.split(ZIP))
+        if width > 1 and any(not isinstance(v, tuple) or len(v) != width for v in values):
+            raise ValueError(f"sweep axis {key!r} zips {width} keys: each value must be a tuple of {width}, "
+                             f"got {list(values)}")
+
+    def point(combination) -> dict[str, Any]:
+        overrides = {}
+        for key, value in zip(axes, combination):
+            overrides.update(zip(key.split(ZIP), value) if ZIP in key else {key: value})
+        return overrides
+
+    return [point(combination) for combination in itertools.product(*axes.values())]
 
 
 def member_name(overrides: Mapping[str, Any]) -> str:
