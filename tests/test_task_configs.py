@@ -66,3 +66,16 @@ def test_demo_starts_from_the_shipped_warm_start_which_still_knows_the_format():
     assert lines == [f"temperature 0 | success {metrics['val-env/bandit/success']:.3f} | format_ok_rate "
                      f"{metrics['val-env/bandit/format_ok_rate']:.3f} | episode_reward "
                      f"{metrics['val-env/bandit/episode_reward']:.3f}"]
+
+
+@pytest.mark.parametrize("algorithm, estimator, norm_by_std", [("ppo", "gae", True), ("drgrpo", "grpo", False)])
+def test_mixed_frozen_lake_setting_builds_from_its_shipped_warm_start(algorithm, estimator, norm_by_std):
+    c = config_lib.load(["train", f"--config=configs/frozen_lake.py:mixed,{algorithm}"])
+    assert (c.algo.adv_estimator, c.algo.norm_adv_by_std) == (estimator, norm_by_std)
+    assert (c.filter.top_p_mode, c.env.kwargs.goal_distance, c.env.success_rate) == ("linear", 3, 0.8)
+    assert c.model.pretrained_path == os.path.join(CONFIGS, "warm_starts", "frozen_lake_mixed")
+    assert c.rollout.val_num_groups * c.rollout.val_group_size >= 256  # the studies' validation size
+    parts = build(c)  # loads the shipped warm start: its shapes are the config's
+    TrainStep(c, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
+    with pytest.raises(Exception, match="use mixed,ppo or mixed,drgrpo"):
+        config_lib.load(["train", "--config=configs/frozen_lake.py:mixed,grpo"])
