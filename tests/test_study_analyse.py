@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from experiments.studies import analyse
+from experiments.studies import analyse, collect
+from ragen_jax.train.metrics import read_metrics
 
 SUCCESS = "val-env/frozen_lake/success"
 ARMS = {"none": ("1.0", "True"), "zero-variance drop": ("1.0", "False"), "top-p 0.9": ("0.9", "False")}
@@ -57,3 +58,24 @@ def test_endpoint_needs_three_validation_points():
     with pytest.raises(ValueError, match="2 validation points, fewer than 3"):
         analyse.endpoint(rows)
     assert analyse.endpoint(rows + [{"step": 30, SUCCESS: 0.9}]) == pytest.approx(0.5)
+
+
+def test_collect_copies_a_sweeps_metrics_gzipped_and_refuses_a_second_copy(tmp_path):
+    run = str(tmp_path / "run")
+    write_member(run, "none", 0, 0.3)
+    write_member(run, "top-p 0.9", 0, 0.3)
+    names = sorted(os.listdir(run))
+    with open(os.path.join(run, "sweep.json"), "w", encoding="utf-8") as f:
+        json.dump({"names": names}, f)
+    with open(os.path.join(run, "config.json"), "w", encoding="utf-8") as f:
+        f.write("{}")
+    dest = str(tmp_path / "study" / "ppo")
+    assert collect.collect(run, dest, "seeds_0") == names
+    for name in names:
+        assert os.listdir(os.path.join(dest, name)) == ["metrics.jsonl.gz"]
+        assert read_metrics(os.path.join(dest, name)) == read_metrics(os.path.join(run, name))
+    assert sorted(os.listdir(os.path.join(dest, "sweeps", "seeds_0"))) == ["config.json", "sweep.json"]
+    with pytest.raises(ValueError, match="already holds"):
+        collect.collect(run, dest, "seeds_0_again")
+    with pytest.raises(ValueError, match="not a sweep's folder"):
+        collect.collect(os.path.join(run, names[0]), dest, "x")
