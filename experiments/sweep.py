@@ -7,8 +7,9 @@
 Each `--sweep=KEY=V1,V2,...` adds a grid axis (values parsed as Python literals); the members are the cartesian
 product. A zipped axis varies keys together, e.g. three filter arms:
 `--sweep=filter.value/filter.include_zero=1.0/True,1.0/False,0.9/False`. Metrics land in
-`<logging.dir>/<member>/metrics.jsonl`, one folder per member, which `experiments/report.py` plots like any run. `--workdir=DIR` as in experiments/train.py (its config.json also holds
-the sweep's members: a rerun with other axes is refused); `--distributed`: multi-host, as there.
+`<logging.dir>/<member>/metrics.jsonl`, one folder per member, which `experiments/report.py` plots like any run.
+`--workdir=DIR` as in experiments/train.py (its config.json also holds the sweep's members: a rerun with other axes
+is refused); `--distributed`: multi-host, as there.
 """
 from __future__ import annotations
 

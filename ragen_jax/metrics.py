@@ -31,11 +31,15 @@ def is_sweep(path: str | os.PathLike) -> bool:
     return os.path.isdir(path) and os.path.exists(os.path.join(path, SWEEP_FILE))
 
 
+def sweep_names(folder: str | os.PathLike) -> list[str]:
+    """The member names of a sweep folder, in the sweep's member order."""
+    with open(os.path.join(folder, SWEEP_FILE), encoding="utf-8") as f:
+        return json.load(f)["names"]
+
+
 def sweep_rows(folder: str | os.PathLike) -> dict[str, list[dict]]:
     """{member name: metrics rows} of a sweep folder, in the sweep's member order."""
-    with open(os.path.join(folder, SWEEP_FILE), encoding="utf-8") as f:
-        names = json.load(f)["names"]
-    return {name: read_metrics(os.path.join(folder, name)) for name in names}
+    return {name: read_metrics(os.path.join(folder, name)) for name in sweep_names(folder)}
 
 
 def load(path: str | os.PathLike) -> dict:

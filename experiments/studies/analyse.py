@@ -14,15 +14,11 @@ from typing import Callable
 
 import numpy as np
 
+from experiments.report import member_values
 from experiments.studies import stats
 from ragen_jax.train.metrics import read_metrics
 
 FOLDER = os.path.dirname(os.path.abspath(__file__))
-
-
-def member_overrides(name: str) -> dict[str, str]:
-    """A sweep member's folder name (`filter.value=1.0,train.seed=0`) as {key: value text}."""
-    return dict(part.split("=", 1) for part in name.split(","))
 
 
 def validation_points(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -46,7 +42,7 @@ def load_arms(folder: str) -> dict[str, dict[int, list[dict]]]:
     for name in sorted(os.listdir(folder)):
         if not os.path.isdir(os.path.join(folder, name)):
             continue
-        o = member_overrides(name)
+        o = member_values(name)
         arm = ARMS[(o["filter.value"], o["filter.include_zero"])]
         arms[arm][int(o["train.seed"])] = read_metrics(os.path.join(folder, name))
     return arms
@@ -61,7 +57,7 @@ def endpoint(rows: list[dict]) -> float:
 
 
 def filter_vs_none(study: str, figure: str) -> list[str]:
-    lines, tests = [], []
+    lines, tests = [], []  # tests: ((algorithm, arm b, arm a), paired differences b - a, sign-flip p)
     data = {a: load_arms(os.path.join(study, a)) for a in ALGORITHMS if os.path.isdir(os.path.join(study, a))}
     lines += ["| algorithm | arm | seeds | endpoint mean | sd |", "|---|---|---|---|---|"]
     for algorithm, arms in data.items():
@@ -74,12 +70,12 @@ def filter_vs_none(study: str, figure: str) -> list[str]:
         for b, a in COMPARISONS:
             seeds = sorted(set(arms[a]) & set(arms[b]))
             d = np.array([endpoint(arms[b][s]) - endpoint(arms[a][s]) for s in seeds])
-            tests.append((algorithm, b, a, d, stats.sign_flip_p(d), stats.bootstrap_interval(d)))
-    secondary = [t for t in tests if (t[0], t[1], t[2]) != PRIMARY]
-    adjusted = dict(zip([id(t) for t in secondary], stats.holm([t[4] for t in secondary])))
-    for t in tests:
-        algorithm, b, a, d, p, (low, high) = t
-        holm_p = "primary" if id(t) not in adjusted else f"{adjusted[id(t)]:.4f}"
+            tests.append(((algorithm, b, a), d, stats.sign_flip_p(d)))
+    secondary = [name for name, _, _ in tests if name != PRIMARY]
+    adjusted = dict(zip(secondary, stats.holm([p for name, _, p in tests if name != PRIMARY])))
+    for (algorithm, b, a), d, p in tests:
+        low, high = stats.bootstrap_interval(d)
+        holm_p = f"{adjusted[(algorithm, b, a)]:.4f}" if (algorithm, b, a) in adjusted else "primary"
         lines.append(f"| {algorithm} | {b} - {a} | {d.mean():+.3f} | [{low:+.3f}, {high:+.3f}] | {p:.4f} | "
                      f"{holm_p} |")
     plot_filter_vs_none(data, figure)

@@ -24,7 +24,7 @@ def collect(run_dir: str, dest: str, sweep_name: str) -> list[str]:
     """Copies the members of the sweep in `run_dir` to `dest` (see the module doc); returns the member names."""
     if not metrics_lib.is_sweep(run_dir):
         raise ValueError(f"{run_dir} is not a sweep's folder (no sweep.json)")
-    members = list(metrics_lib.sweep_rows(run_dir))
+    members = metrics_lib.sweep_names(run_dir)
     taken = [m for m in members if os.path.exists(os.path.join(dest, m))]
     if taken:
         raise ValueError(f"{dest} already holds {', '.join(taken)}")
