@@ -125,6 +125,7 @@ def _diagnostics() -> ml_collections.ConfigDict:
     c.num_samples = 64  # (x, z) pairs scored per family
     c.score_width_tiers = 4  # static widths the cross log-probs pad to: fewer = less to compile, more padding
     c.std_eps = 1e-3  # epsilon of the MI z-score
+    c.faithfulness_prompts = 0  # validation prompts whose reasoning is scored against their facts (0 = off)
     c.ema_decay = 0.9  # decay of the marginal-std EMA
     c.grad_analysis_every = 0  # gradient-component analysis every N steps (0 = off; RAGEN: 50)
     c.grad_analysis_bucket_mode = "quantile"  # quantile | fixed_rv

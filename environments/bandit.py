@@ -18,6 +18,7 @@ from flax import struct
 
 from environments import registry
 from environments.base import TextEnv
+from environments.faithfulness import Fact
 from environments.pieces import PieceTable
 
 ARM_PAIRS = {  # (low-risk, high-risk)
@@ -135,6 +136,11 @@ class Bandit(TextEnv):
         first, second = (hi, lo) if bool(s.hi_first) else (lo, hi)
         templates = (f"The two arms are {first} and {second}.", f"I can pull {first} or {second}.")
         return templates[int(rng.integers(len(templates)))]
+
+    def facts(self, s):
+        lo, hi = self.pairs[int(s.pair)]
+        first, second = (hi, lo) if bool(s.hi_first) else (lo, hi)
+        return (Fact("arms", r"(?:arms are|pull) (.+?) (?:and|or) (.+?)\.", (first, second)),)
 
 
 registry.register("bandit", Bandit)

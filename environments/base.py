@@ -61,6 +61,8 @@ Subclass contract (how Sokoban, Countdown, Arithmetic, ... plug in)
    For weak warm starts (`demonstrations`): `describe(s_numpy, rng) -> str`, reasoning that restates the
    observation without choosing an answer, and for free-text envs `random_answer(s_numpy, rng) -> str`, a
    well-formed answer that is right only by chance (word-action envs draw random valid words).
+   For the faithfulness score (`diagnostics.faithfulness_prompts`): `facts(s_numpy) -> tuple[Fact, ...]`,
+   what `describe` restates, each with how a reasoning states it (environments/faithfulness.py).
 4. Register at the bottom of your module: `registry.register("name", YourEnv)`, and add the module's
    dotted name to `registry.ENV_MODULES` (the registry imports exactly those modules); no other file needs
    editing.
@@ -155,6 +157,9 @@ class TextEnv:
 
     def describe(self, s, rng: np.random.Generator) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no observation description (describe)")
+
+    def facts(self, s) -> tuple:
+        raise NotImplementedError(f"{type(self).__name__} lists no facts of its observations (facts)")
 
     def random_answer(self, s, rng: np.random.Generator) -> str:
         raise NotImplementedError(f"{type(self).__name__} is a free-text env without random_answer")

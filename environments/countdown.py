@@ -37,6 +37,7 @@ from environments import registry
 from environments.base import TextEnv
 from environments.datasets import instance_index
 from environments.expression import equals_integer, evaluate
+from environments.faithfulness import Fact
 from environments.pieces import PieceTable
 
 OPERATORS = ("+-", "+-*/")
@@ -298,6 +299,11 @@ class Countdown(TextEnv):
         nums, target = [int(v) for v in s.nums[: int(s.count)]], int(s.target)
         templates = (f"I need {target} from {nums}.", f"Target {target}; numbers {nums}, each used once.")
         return templates[int(rng.integers(len(templates)))]
+
+    def facts(self, s):
+        nums, target = [int(v) for v in s.nums[: int(s.count)]], int(s.target)
+        return (Fact("target", r"(?:need|Target) (-?\d+)", (str(target),)),
+                Fact("numbers", r"(\[[-\d, ]*\])", (str(nums),)))
 
     def random_answer(self, s, rng: np.random.Generator) -> str:
         """Every number once, in random order, joined by random allowed operators."""

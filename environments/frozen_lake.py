@@ -29,6 +29,7 @@ from flax import struct
 
 from environments import axis_words, registry
 from environments.base import TextEnv
+from environments.faithfulness import cell_fact
 from environments.pieces import PieceTable
 
 ACTIONS = ("Left", "Down", "Right", "Up")
@@ -237,5 +238,9 @@ class FrozenLake(TextEnv):
         templates = (f"Player: ({pr}, {pc}). Goal: ({gr}, {gc})",
                      f"Goal: ({gr}, {gc}). Player: ({pr}, {pc}). Holes: {n_holes}")
         return f"{templates[int(rng.integers(len(templates)))]}; {axis_words.tail((pr, pc), (gr, gc))}"
+
+    def facts(self, s):
+        player, goal = divmod(int(s.pos), self.size), divmod(int(s.goal), self.size)
+        return cell_fact("Player", player), cell_fact("Goal", goal), *axis_words.tail_facts(player, goal)
 
 registry.register("frozen_lake", FrozenLake)

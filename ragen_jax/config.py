@@ -152,6 +152,7 @@ NON_NEGATIVE_KEYS = (
     "filter.rv_collapse_ratio",
     "filter.val_success_patience",
     "diagnostics.std_eps",
+    "diagnostics.faithfulness_prompts",
     "model.vocab_size",
 )
 POSITIVE_INT_KEYS = (
@@ -313,6 +314,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     if config.diagnostics.grad_analysis_group_size == 1:
         raise ConfigError("diagnostics.grad_analysis_group_size", 1,
                           "a group's reward variance needs at least 2 rollouts (0 = rollout.group_size)")
+    val_batch = config.rollout.val_num_groups * config.rollout.val_group_size
+    if config.diagnostics.faithfulness_prompts > val_batch:
+        raise ConfigError("diagnostics.faithfulness_prompts", config.diagnostics.faithfulness_prompts,
+                          f"scores validation prompts: at most rollout.val_num_groups x val_group_size = {val_batch}")
     if config.train.sft_batch_size < 0:
         raise ConfigError("train.sft_batch_size", config.train.sft_batch_size,
                           "must be >= 0 (0 = the rollout's batch size)")

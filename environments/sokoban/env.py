@@ -23,6 +23,7 @@ from flax import struct
 
 from environments import axis_words, registry
 from environments.base import TextEnv, TurnState
+from environments.faithfulness import Fact, cell_fact
 from environments.pieces import PieceTable
 from environments.sokoban import dynamics
 from environments.sokoban.generator import Generator
@@ -225,6 +226,15 @@ class Sokoban(TextEnv):
         first_open = [b for b in boxes if fixed[b] != dynamics.TARGET]
         br, bc = divmod(first_open[0], self.width) if first_open else (pr, pc)
         return f"{templates[int(rng.integers(len(templates)))]}; {axis_words.tail((pr, pc), (br, bc))}"
+
+    def facts(self, s):
+        player = divmod(int(s.room.player), self.width)
+        fixed = np.asarray(s.room.fixed).reshape(-1)
+        first_open = [int(b) for b in np.sort(np.asarray(s.room.boxes)) if fixed[b] != dynamics.TARGET][:1]
+        box = divmod(first_open[0], self.width) if first_open else player
+        # the description lists the open boxes after "Boxes: ", the first of them (the tail's cell) first
+        boxes = cell_fact("Boxes", box) if first_open else Fact("boxes", r"Boxes: (none)", ("none",))
+        return cell_fact("Player", player), boxes, *axis_words.tail_facts(player, box)
 
 
 registry.register("sokoban", Sokoban)

@@ -42,6 +42,7 @@ import numpy as np
 
 from ragen_jax import config as config_lib
 from ragen_jax import compile_cache, distributed, sharding
+from ragen_jax.diagnostics import faithfulness
 from ragen_jax.train import sft, transcripts, validation
 from ragen_jax.train.build import build
 from ragen_jax.train.early_stops import EarlyStops
@@ -87,14 +88,28 @@ def make_validator(config, parts):
     if config.train.test_freq <= 0 and config.logging.samples_every <= 0:
         return None, []
     validator = Validator(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
+    rows = max(transcripts.COUNT, config.diagnostics.faithfulness_prompts)  # the transcripts', the scorer's
 
     def validate(params):
         traj, metrics = validator.run(params, parts.env_params, jnp.float32(VALIDATION_TOP_P))
-        return metrics, transcripts.select(traj, validator.rollout)
+        return metrics, transcripts.select(traj, validator.rollout, count=rows)
 
     if config.train.test_freq <= 0:
         return validate, []
     return validate, validation.success_keys(jax.eval_shape(validate, parts.params)[0])
+
+
+def make_faithfulness(config, parts) -> faithfulness.Faithfulness | None:
+    """The validation batch's faithfulness scorer (`diagnostics.faithfulness`), or None when
+    `diagnostics.faithfulness_prompts` or validation (`train.test_freq`) is off."""
+    count = config.diagnostics.faithfulness_prompts
+    if count <= 0 or config.train.test_freq <= 0:
+        return None
+    if not faithfulness.supported(parts.env):
+        raise config_lib.ConfigError("diagnostics.faithfulness_prompts", count,
+                                     f"the {config.env.name} env lists no facts of its observations (TextEnv.facts)")
+    validator = Validator(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
+    return faithfulness.Faithfulness(validator, parts.tokenizer, parts.env_params, count)
 
 
 def compile_line(timing: dict[str, float]) -> str | None:
@@ -195,6 +210,7 @@ class HostLoop:
         rows per member, each member's early stop: {"step", "reason"}, or {} when it ran to the end)."""
         config, total = self.config, self.config.train.total_steps
         validate_fn, success_keys = make_validator(config, self.parts)
+        scorer = make_faithfulness(config, self.parts)
         keys = summary_keys(config) + tuple(success_keys)
         batch_size = config.rollout.num_groups * config.rollout.group_size
         stops = [EarlyStops(c.filter, len(success_keys)) for c in self.configs]
@@ -232,13 +248,16 @@ class HostLoop:
                     row.update(timing)
                     if validating:
                         row.update(to_floats(val[i]))
+                        if scorer is not None:
+                            row.update(scorer(sample[i]))
                         reasons[i] = reasons.get(i) or stops[i].after_validation([row[k] for k in success_keys])
                     if sampling:
                         write_transcripts(i, step, sample[i], "val")
                 return validating
 
             def write_transcripts(member: int, step: int, sample: transcripts.Sample, batch: str) -> None:
-                transcripts.write(writers[member].directory, step, transcripts.records(sample, self.parts.tokenizer),
+                first = jax.tree.map(lambda x: x[:transcripts.COUNT], sample)  # validation samples hold more rows
+                transcripts.write(writers[member].directory, step, transcripts.records(first, self.parts.tokenizer),
                                   batch)
 
             def record_stops(step: int, reasons: dict[int, str | None]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -15,6 +16,8 @@ import numpy as np
 import pytest
 
 from configs import base
+from environments import axis_words
+from environments.faithfulness import cell_fact, score
 from experiments import evaluate as evaluate_cli
 from experiments import report
 from experiments import train as train_cli
@@ -78,6 +81,7 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path, monkeypatch):
     assert np.mean(rewards) == pytest.approx(rows[2]["val-env/frozen_lake/episode_reward"], abs=1e-6)
     assert [t["turn"] for t in samples[0]["turns"]] == list(range(1, len(samples[0]["turns"]) + 1))
     check_training_transcripts(full, rows[2])
+    check_faithfulness(full, rows)
     assert any(line.startswith("mesh {'sweep': 1, 'data': 2, 'fsdp': 1} over 2 of 8 devices") for line in lines)
     assert Checkpointer(os.path.join(full, "ckpt")).all_steps() == [1, 2]
 
@@ -103,7 +107,24 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path, monkeypatch):
     assert os.path.getsize(png) > 10_000
 
 
-SAMPLED = {"logging.samples_every": 2}
+SAMPLED = {"logging.samples_every": 2, "diagnostics.faithfulness_prompts": 2}
+
+
+def check_faithfulness(run_dir: str, rows: list[dict]):
+    """val-faithfulness/ at the validation steps only, and equal to the score of the validation transcripts (the whole
+    batch of 2) against the facts of the observation in their chat text."""
+    assert "val-faithfulness/frozen_lake" not in rows[1]
+    for row in (rows[0], rows[2]):
+        with open(transcripts.path(run_dir, row["step"]), encoding="utf-8") as f:
+            samples = [json.loads(line) for line in f]
+        scores = []
+        for sample in samples:
+            observation = sample["chat"][sample["chat"].index("Turn 1:"):]
+            player, goal = (tuple(int(x) for x in re.search(label + r": \((\d+), (\d+)\)", observation).groups())
+                            for label in ("Player", "Goal"))
+            facts = (cell_fact("Player", player), cell_fact("Goal", goal), *axis_words.tail_facts(player, goal))
+            scores.append(score(facts, sample["turns"][0]["reasoning"] if sample["turns"] else ""))
+        assert row["val-faithfulness/frozen_lake"] == pytest.approx(np.mean(scores))
 
 
 def check_training_transcripts(run_dir: str, row: dict):
