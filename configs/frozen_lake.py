@@ -4,6 +4,7 @@ several turns.
     experiments/train.py --config=configs/frozen_lake.py $M       # RAGEN-2's setting (Qwen2.5 from a local folder)
     experiments/train.py --config=configs/frozen_lake.py:tiny     # CPU: the first rung, from a shipped warm start
     experiments/sweep.py --config=configs/frozen_lake.py:mixed,ppo ...   # CPU: mixed difficulty and slip (a study)
+    experiments/sweep.py --config=configs/frozen_lake.py:collapse ...    # CPU: tiny without its KL anchor (a study)
 
 Tiny is a curriculum rung, not the full task: the goal one move from the start (`env.kwargs.goal_distance` 1), one
 turn, one move. It starts from the shipped warm start `configs/warm_starts/frozen_lake_tiny` (the d64 x 2 model
@@ -60,6 +61,13 @@ MIXED = {"env.kwargs": {"goal_distance": 3}, "env.success_rate": 0.8, "rollout.m
 MIXED_ALGORITHMS = ("ppo", "drgrpo")  # advantages that carry the reward's scale: GAE, and GRPO without the std
 
 
+# Template collapse (experiments/studies/template_collapse): the tiny rung without the KL anchor that keeps its reasoning
+# true to the input (without it the reasoning's tail wore away in experiments/results), 60 steps, 256 validation
+# prompts, each scored for faithfulness (val-faithfulness/frozen_lake)
+COLLAPSE = {"algo.use_kl_loss": False, "train.total_steps": 60, "rollout.val_num_groups": 256,
+            "diagnostics.faithfulness_prompts": 256}
+
+
 def mixed(algorithm: str):
     """The mixed setting with `algorithm` (PPO with GAE, or Dr.GRPO: GRPO's group baseline without the std)."""
     if algorithm not in MIXED_ALGORITHMS:
@@ -72,4 +80,6 @@ def get_config(arg: str | None = None):
     name, _, algorithm = (arg or "").partition(",")
     if name == "mixed":
         return mixed(algorithm or "ppo")
+    if name == "collapse":
+        return tasks.tiny("frozen_lake", {**TINY, **COLLAPSE})
     return tasks.get(arg, "frozen_lake", ACCELERATOR, TINY)

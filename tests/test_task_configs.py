@@ -79,3 +79,14 @@ def test_mixed_frozen_lake_setting_builds_from_its_shipped_warm_start(algorithm,
     TrainStep(c, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
     with pytest.raises(Exception, match="use mixed,ppo or mixed,drgrpo"):
         config_lib.load(["train", "--config=configs/frozen_lake.py:mixed,grpo"])
+
+
+def test_collapse_frozen_lake_setting_is_tiny_without_its_kl_anchor():
+    tiny = config_lib.load(["train", "--config=configs/frozen_lake.py:tiny"])
+    c = config_lib.load(["train", "--config=configs/frozen_lake.py:collapse"])
+    assert tiny.algo.use_kl_loss and not c.algo.use_kl_loss
+    assert (c.train.total_steps, c.rollout.val_num_groups * c.rollout.val_group_size) == (60, 256)
+    assert c.diagnostics.faithfulness_prompts == 256 and c.model.pretrained_path == tiny.model.pretrained_path
+    differing = {k for k in ("algo", "train", "rollout", "diagnostics", "filter", "optim", "env", "model")
+                 if c[k].to_dict() != tiny[k].to_dict()}
+    assert differing == {"algo", "train", "rollout", "diagnostics"}
