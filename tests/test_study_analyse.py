@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from experiments.studies import analyse, collect
+from experiments.studies import collect
+from experiments.studies.analyses import filter_vs_none, template_collapse
 from ragen_jax.train.metrics import read_metrics
 
 SUCCESS = "val-env/frozen_lake/success"
@@ -37,7 +38,7 @@ def test_filter_vs_none_prints_the_paired_tests_of_its_endpoints(tmp_path):
         base = 0.3 + 0.04 * seed
         for arm in ARMS:
             endpoints[arm].append(np.mean(write_member(os.path.join(study, "ppo"), arm, seed, base)[-3:]))
-    lines = analyse.filter_vs_none(study, str(tmp_path / "figure.png"))
+    lines = filter_vs_none.analyse(study, str(tmp_path / "figure.png"))
     assert os.path.getsize(tmp_path / "figure.png") > 10_000
     rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in lines if "|" in line}
     e = {arm: np.array(v) for arm, v in endpoints.items()}
@@ -56,8 +57,8 @@ def test_filter_vs_none_prints_the_paired_tests_of_its_endpoints(tmp_path):
 def test_endpoint_needs_three_validation_points():
     rows = [{"step": 0, SUCCESS: 0.2}, {"step": 10, SUCCESS: 0.4}, {"step": 20}]
     with pytest.raises(ValueError, match="2 validation points, fewer than 3"):
-        analyse.endpoint(rows)
-    assert analyse.endpoint(rows + [{"step": 30, SUCCESS: 0.9}]) == pytest.approx(0.5)
+        filter_vs_none.endpoint(rows)
+    assert filter_vs_none.endpoint(rows + [{"step": 30, SUCCESS: 0.9}]) == pytest.approx(0.5)
 
 
 def test_collect_copies_a_sweeps_metrics_gzipped_and_refuses_a_second_copy(tmp_path):
@@ -79,3 +80,58 @@ def test_collect_copies_a_sweeps_metrics_gzipped_and_refuses_a_second_copy(tmp_p
         collect.collect(run, dest, "seeds_0_again")
     with pytest.raises(ValueError, match="not a sweep's folder"):
         collect.collect(os.path.join(run, names[0]), dest, "x")
+
+
+# ----------------------------------------------------------------------------------------- template_collapse
+FAITH = "val-faithfulness/frozen_lake"
+MI, H = "collapse_first_turn_sample/mi_estimate", "collapse_first_turn_sample/conditional_entropy_est"
+FALL = {"1.0": 0.004, "0.9": 0.002}  # faithfulness lost per step, by filter value
+
+
+def write_collapse_member(folder: str, value: str, seed: int) -> dict[str, float]:
+    """A run whose faithfulness and MI fall linearly while H(Z|X) rises; returns its protocol changes by hand."""
+    member = os.path.join(folder, f"filter.value={value},train.seed={seed}")
+    os.makedirs(member)
+    wobble = 0.001 * seed
+    with open(os.path.join(member, "metrics.jsonl"), "w", encoding="utf-8") as f:
+        for step in range(0, 61):
+            row = {"step": step}
+            if step:
+                row.update({MI: 0.8 - 0.003 * step + wobble, H: 0.1 + 0.0002 * step,
+                            "collapse_first_turn_sample/retrieval_accuracy": 1.0,
+                            "collapse_trajectory_sample/mi_estimate": 0.7})
+            if step % 10 == 0:
+                row.update({FAITH: 0.7 - FALL[value] * step - wobble, "val-env/frozen_lake/success": 0.3,
+                            **{f"{FAITH}/{fact}": 0.5 for fact in ("player", "goal", "rows", "cols")}})
+            f.write(json.dumps(row) + "\n")
+    faith_end = np.mean([0.7 - FALL[value] * s - wobble for s in (40, 50, 60)])
+    mi = lambda steps: np.mean([0.8 - 0.003 * s + wobble for s in steps])  # noqa: E731
+    h = lambda steps: np.mean([0.1 + 0.0002 * s for s in steps])  # noqa: E731
+    return {"dF": faith_end - (0.7 - wobble), "dMI": mi(range(56, 61)) - mi(range(1, 6)),
+            "rH": h(range(56, 61)) / h(range(1, 6)) - 1}
+
+
+def test_template_collapse_prints_changes_tests_and_verdicts(tmp_path):
+    study = str(tmp_path / "template_collapse")
+    by_hand = {v: [write_collapse_member(os.path.join(study, "frozen_lake"), v, s) for s in range(6)] for v in FALL}
+    lines = template_collapse.analyse(study, str(tmp_path / "figure.png"))
+    assert os.path.getsize(tmp_path / "figure.png") > 10_000
+    text = "\n".join(lines)
+    for value, arm in (("1.0", "none"), ("0.9", "top-p 0.9")):
+        for change, quantity in (("dF", "faithfulness"), ("dMI", "MI"), ("rH", "H(Z|X), relative")):
+            d = np.array([c[change] for c in by_hand[value]])
+            # every run changes the same way: a sign-flip p of 2 / 2^6
+            assert f"| {arm} | 6 | {quantity} |" in text and f"| {d.mean():+.3f} |" in text
+        assert f"- {arm}: F falls True, MI falls True, H(Z|X) holds True: **template collapse**" in text
+    # the filter halves the fall of faithfulness in every seed (p 2/64, Holm 2 x that) and leaves MI's (p 1)
+    d_f = np.array([b["dF"] - a["dF"] for a, b in zip(by_hand["1.0"], by_hand["0.9"])])
+    assert f"| dF | 6 | {d_f.mean():+.3f} |" in text and f"| {2 / 64:.4f} | {4 / 64:.4f} |" in text
+    assert "| dMI | 6 | +0.000 |" in text and "| 1.0000 | 1.0000 |" in text
+    assert "Spearman rho of dMI with dF over the 12 runs" in text
+
+
+def test_template_collapse_verdicts():
+    assert template_collapse.verdict(True, True, True) == "template collapse"
+    assert template_collapse.verdict(True, True, False) == "low-entropy collapse"
+    assert template_collapse.verdict(True, False, True) == "faithfulness falls unseen by MI"
+    assert template_collapse.verdict(False, True, True) == "no collapse here, with this power"
