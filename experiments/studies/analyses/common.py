@@ -40,3 +40,17 @@ def mean_over_steps(rows: list[dict], key: str, steps) -> float:
 def paired_seeds(arms: dict[str, dict[int, list[dict]]], a: str, b: str) -> list[int]:
     """The seeds both arms ran, sorted."""
     return sorted(set(arms[a]) & set(arms[b]))
+
+
+def plot_arms(ax, arms: dict[str, dict[int, list[dict]]], key: str) -> None:
+    """On matplotlib axes `ax`: per arm with runs, the mean over its seeds of `key` at the steps that carry it, and a
+    band from their minimum to their maximum."""
+    for arm, runs in arms.items():
+        if not runs:
+            continue
+        curves = [validation_points(runs[s], key) for s in sorted(runs)]
+        steps = curves[0][0]
+        values = np.array([c[1][:len(steps)] for c in curves])
+        ax.plot(steps, values.mean(axis=0), label=f"{arm} (n={len(curves)})")
+        ax.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.15)
+    ax.legend()

@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from experiments.studies import stats
-from experiments.studies.analyses.common import load_arms, paired_seeds, validation_points
+from experiments.studies.analyses.common import load_arms, paired_seeds, plot_arms, validation_points
 
 ARMS = {("1.0", "True"): "none", ("1.0", "False"): "zero-variance drop", ("0.9", "False"): "top-p 0.9"}
 ALGORITHMS = ("ppo", "drgrpo")
@@ -69,14 +69,8 @@ def plot_filter_vs_none(data: dict, path: str) -> None:
 
     fig, axes = plt.subplots(1, len(data), figsize=(6 * len(data), 4), squeeze=False)
     for ax, (algorithm, arms) in zip(axes[0], data.items()):
-        for arm, runs in arms.items():
-            curves = [validation_points(runs[s], SUCCESS) for s in sorted(runs)]
-            steps = curves[0][0]
-            values = np.array([c[1][:len(steps)] for c in curves])
-            ax.plot(steps, values.mean(axis=0), label=f"{arm} (n={len(curves)})")
-            ax.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.15)
+        plot_arms(ax, arms, SUCCESS)
         ax.set(title=f"FrozenLake mixed, {algorithm}", xlabel="step", ylabel="validation success (256 prompts)")
-        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -10,7 +10,7 @@ import numpy as np
 
 from experiments.report import spearman
 from experiments.studies import stats
-from experiments.studies.analyses.common import load_arms, mean_over_steps, paired_seeds, validation_points
+from experiments.studies.analyses.common import load_arms, mean_over_steps, paired_seeds, plot_arms
 
 SETTING = "frozen_lake"
 ARMS = {"1.0": "none", "0.9": "top-p 0.9"}
@@ -129,14 +129,8 @@ def plot(arms: dict[str, dict[int, list[dict]]], path: str) -> None:
               ("first-turn H(Z|X) estimate", ENTROPY))
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4))
     for ax, (title, key) in zip(axes, panels):
-        for arm, runs in arms.items():
-            curves = [validation_points(runs[s], key) for s in sorted(runs)]
-            steps = curves[0][0]
-            values = np.array([c[1][:len(steps)] for c in curves])
-            ax.plot(steps, values.mean(axis=0), label=f"{arm} (n={len(curves)})")
-            ax.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.15)
+        plot_arms(ax, arms, key)
         ax.set(title=title, xlabel="step")
-        ax.legend()
     fig.suptitle("FrozenLake tiny without its KL anchor: mean over seeds, band = min to max")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
