@@ -90,3 +90,17 @@ def test_collapse_frozen_lake_setting_is_tiny_without_its_kl_anchor():
     differing = {k for k in ("algo", "train", "rollout", "diagnostics", "filter", "optim", "env", "model")
                  if c[k].to_dict() != tiny[k].to_dict()}
     assert differing == {"algo", "train", "rollout", "diagnostics"}
+
+
+@pytest.mark.parametrize("algorithm, estimator, norm_by_std", [("ppo", "gae", True), ("drgrpo", "grpo", False)])
+def test_sokoban_bucket_setting_keeps_the_tiny_rung_and_its_kl_loss(algorithm, estimator, norm_by_std):
+    tiny = config_lib.load(["train", "--config=configs/sokoban.py:tiny"])
+    c = config_lib.load(["train", f"--config=configs/sokoban.py:buckets,{algorithm}"])
+    assert (c.algo.adv_estimator, c.algo.norm_adv_by_std) == (estimator, norm_by_std)
+    assert (c.algo.use_kl_loss, c.algo.kl_loss_type, c.algo.kl_loss_coef) == (True, "low_var_kl", 0.5)
+    assert c.env.to_dict() == tiny.env.to_dict() and c.model.to_dict() == tiny.model.to_dict()
+    d = c.diagnostics
+    assert (d.grad_analysis_every, d.grad_analysis_num_groups, d.grad_analysis_num_buckets) == (5, 48, 6)
+    assert c.rollout.val_num_groups * c.rollout.val_group_size >= 256 and c.filter.value == 1.0
+    with pytest.raises(Exception, match="use buckets,ppo or buckets,drgrpo"):
+        config_lib.load(["train", "--config=configs/sokoban.py:buckets,grpo"])
