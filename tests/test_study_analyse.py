@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments.studies import collect
-from experiments.studies.analyses import filter_vs_none, template_collapse
+from experiments.studies.analyses import filter_vs_none, gradient_buckets, template_collapse
 from ragen_jax.train.metrics import read_metrics
 
 SUCCESS = "val-env/frozen_lake/success"
@@ -135,3 +135,56 @@ def test_template_collapse_verdicts():
     assert template_collapse.verdict(True, True, False) == "low-entropy collapse"
     assert template_collapse.verdict(True, False, True) == "faithfulness falls unseen by MI"
     assert template_collapse.verdict(False, True, True) == "no collapse here, with this power"
+
+
+# ----------------------------------------------------------------------------------------- gradient_buckets
+def write_bucket_member(folder: str, seed: int, task_slope: float) -> list[dict]:
+    """A run analysed at steps 1 and 6: bucket b has reward std b - 1 (+ a seed wobble), task norm
+    task_slope x std + 1, a KL norm flat around 2 and an entropy norm rising from 1 to 2.5."""
+    member = os.path.join(folder, f"train.seed={seed}")
+    os.makedirs(member)
+    units = []
+    with open(os.path.join(member, "metrics.jsonl"), "w", encoding="utf-8") as f:
+        for step in range(1, 8):
+            row = {"step": step}
+            if step in (1, 6):
+                rv = np.arange(6.0) + 0.01 * seed
+                unit = {"rv": rv, "task": task_slope * rv + 1.0, "kl": 2.0 + 0.05 * np.sin(rv + step),
+                        "entropy": 1.0 + 0.3 * np.arange(6.0)}
+                for b in range(6):
+                    row.update({f"grad_norm/bucket_{b + 1}/reward_std_mean": rv[b],
+                                **{f"grad_norm/bucket_{b + 1}/{c}": unit[c][b] for c in ("task", "kl", "entropy")}})
+                units.append(unit)
+            f.write(json.dumps(row) + "\n")
+    return units
+
+
+def test_gradient_buckets_prints_slopes_sign_tests_spreads_and_verdicts(tmp_path):
+    study = str(tmp_path / "gradient_buckets")
+    units = {"ppo": [], "drgrpo": []}
+    for seed in range(4):
+        units["ppo"] += write_bucket_member(os.path.join(study, "ppo"), seed, 0.5)
+        units["drgrpo"] += write_bucket_member(os.path.join(study, "drgrpo"), seed, 0.5 if seed else -0.5)
+    lines = gradient_buckets.analyse(study, str(tmp_path / "figure.png"))
+    assert os.path.getsize(tmp_path / "figure.png") > 10_000
+    text = "\n".join(lines)
+    # ppo: all 8 slopes +0.5: p = 2 / 2^8, Holm over the two algorithms doubles it; drgrpo: 6 of 8 positive,
+    # p = 2 x (1 + 8 + 28) / 256
+    assert "| ppo | 8 | 0.00 - 5.03 | 8 of 8 | +0.5000 |" in text and f"| {2 / 256:.4f} | {4 / 256:.4f} |" in text
+    assert f"| drgrpo | 8 | 0.00 - 5.03 | 6 of 8 | {(0.5 * 6 - 0.5 * 2) / 8:+.4f} |" in text
+    assert f"| {74 / 256:.4f} | {74 / 256:.4f} |" in text
+    task_spread = np.median([gradient_buckets.spread(u["task"]) for u in units["ppo"]])
+    kl_spread = np.median([gradient_buckets.spread(u["kl"]) for u in units["ppo"]])
+    assert f"| ppo | task | {task_spread:.3f} | +1.00 | (reference) |" in text
+    assert f"| ppo | kl | {kl_spread:.3f} |" in text and kl_spread < 0.5
+    assert f"| ppo | entropy | {1.5 / 1.75:.3f} | +1.00 | False |" in text  # spread (2.5 - 1) / 1.75 > 0.5
+    assert "- ppo (primary): **task trend only**" in text
+    assert "- drgrpo: **not reproduced here, with this power**" in text
+
+
+def test_gradient_bucket_slope_and_verdicts():
+    assert gradient_buckets.slope(np.arange(4.0), 3 * np.arange(4.0) + 1) == pytest.approx(3.0)
+    assert gradient_buckets.slope(np.ones(4), np.arange(4.0)) == 0.0
+    assert gradient_buckets.verdict(0.2, 0.01, True) == "reproduced"
+    assert gradient_buckets.verdict(-0.2, 0.01, True) == "reversed"
+    assert gradient_buckets.verdict(0.2, 0.2, True) == "not reproduced here, with this power"

@@ -42,3 +42,12 @@ def test_holm_adjustment_worked_example():
     # sorted 0.01, 0.02, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.02), max(0.04, 1 x 0.04); back in the input order
     assert stats.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
     assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_sign_test_matches_scipys_binomial_test():
+    for positive, total in ((0, 1), (3, 10), (19, 24), (12, 24), (24, 24), (5, 7)):
+        want = scipy_stats.binomtest(positive, total, 0.5, alternative="two-sided").pvalue
+        assert stats.sign_test_p(positive, total) == pytest.approx(want, rel=1e-12)
+    assert stats.sign_test_p(8, 8) == pytest.approx(2 / 256)
+    with pytest.raises(ValueError, match="0 <= positive <= total"):
+        stats.sign_test_p(3, 2)

@@ -1,13 +1,15 @@
-"""Paired statistics of the studies (experiments/studies/*/PROTOCOL.md): an exact sign-flip test and a bootstrap
-interval of a mean paired difference, and Holm's adjustment for a family of tests.
+"""Statistics of the studies (experiments/studies/*/PROTOCOL.md): an exact sign-flip test and a bootstrap interval
+of a mean paired difference, Holm's adjustment for a family of tests, and an exact binomial sign test.
 
     d = endpoint_b - endpoint_a                 # f64[n]: one difference per seed, arms paired by seed
     p = sign_flip_p(d)                          # two-sided, exact over the 2^n sign patterns
     low, high = bootstrap_interval(d)           # 95% percentile interval of mean(d), seeds resampled
+    p = sign_test_p(positive=19, total=24)      # two-sided exact binomial test of a share against 1/2
 """
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Sequence
 
 import numpy as np
@@ -50,3 +52,13 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (len(p) - rank) * p[index]))
         adjusted[index] = running
     return adjusted.tolist()
+
+
+def sign_test_p(positive: int, total: int) -> float:
+    """Two-sided exact binomial sign test: `positive` successes of `total` trials under p = 1/2 (twice the smaller
+    tail, at most 1)."""
+    if not 0 <= positive <= total or total < 1:
+        raise ValueError(f"sign_test_p needs 0 <= positive <= total and total >= 1, got {positive} of {total}")
+    tail = min(sum(math.comb(total, k) for k in range(positive + 1)),
+               sum(math.comb(total, k) for k in range(positive, total + 1)))
+    return min(1.0, 2.0 * tail / 2.0 ** total)
