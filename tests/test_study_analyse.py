@@ -188,3 +188,17 @@ def test_gradient_bucket_slope_and_verdicts():
     assert gradient_buckets.verdict(0.2, 0.01, True) == "reproduced"
     assert gradient_buckets.verdict(-0.2, 0.01, True) == "reversed"
     assert gradient_buckets.verdict(0.2, 0.2, True) == "not reproduced here, with this power"
+
+
+def test_every_result_quotes_what_the_script_prints_from_the_committed_metrics(tmp_path):
+    """Each study's RESULT.md holds, verbatim, every line `analyse.py <study>` prints from its committed metrics."""
+    from experiments.studies import analyse
+
+    studies = [s for s in sorted(analyse.STUDIES) if os.path.exists(os.path.join(analyse.FOLDER, s, "RESULT.md"))]
+    assert "template_collapse" in studies
+    for study in studies:
+        lines = analyse.STUDIES[study](os.path.join(analyse.FOLDER, study), str(tmp_path / f"{study}.png"))
+        with open(os.path.join(analyse.FOLDER, study, "RESULT.md"), encoding="utf-8") as f:
+            result = f.read()
+        missing = [line for line in lines if line and line not in result]
+        assert not missing, (study, missing[:3])
