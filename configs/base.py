@@ -185,6 +185,7 @@ def _mesh() -> ml_collections.ConfigDict:
     c.data = -1  # data-parallel axis size (-1 = all devices left after fsdp and sweep; else the first devices)
     c.fsdp = 1  # parameter-sharding axis size (also splits the batch, with data)
     c.sweep = 1  # vectorised-sweep axis size (ragen_jax.train.sweep; a single run needs 1)
+    c.sweep_loop_phases = ""  # sweep phases run member after member, e.g. "prepare,update" (needs sweep = 1)
     return c
 
 

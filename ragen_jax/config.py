@@ -106,6 +106,7 @@ LOSS_AGG_MODES = Registry("algo.loss_agg_mode", "ragen_jax.algos.losses")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 REWARD_NORMALIZATIONS = ("identity", "mean", "mean_std", "asym_clip")
 BUCKET_MODES = ("quantile", "fixed_rv")
+STEP_PHASES = ("rollout", "diagnostics", "prepare", "update")  # the training step's phases, in order (train.step)
 QWEN_TOKENIZERS = ("qwen2.5", "qwen3.6")  # the real vocabularies of ragen_jax/models/qwen_tokenizer.py
 TOKENIZER_KINDS = ("builtin", "json", *QWEN_TOKENIZERS)
 CHAT_FORMATS = ("plain", "chatml", "llama3")
@@ -245,6 +246,11 @@ def mesh_data_size(config: ml_collections.ConfigDict, num_devices: int) -> int:
     return config.mesh.data
 
 
+def loop_phases(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The step phases a vectorised sweep runs member after member (`mesh.sweep_loop_phases`, comma-separated)."""
+    return tuple(p.strip() for p in config.mesh.sweep_loop_phases.split(",") if p.strip())
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> ml_collections.ConfigDict:
     """Checks every constraint that would otherwise fail late (or silently) inside a compiled step.
 
@@ -268,6 +274,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _check_choice(config, "filter.loss_scaling", LOSS_SCALINGS)
     _check_choice(config, "rollout.reward_normalization", REWARD_NORMALIZATIONS)
     _check_choice(config, "diagnostics.grad_analysis_bucket_mode", BUCKET_MODES)
+    for phase in loop_phases(config):
+        check_choice("mesh.sweep_loop_phases", phase, STEP_PHASES)
+    if loop_phases(config) and config.mesh.sweep != 1:
+        raise ConfigError("mesh.sweep_loop_phases", config.mesh.sweep_loop_phases,
+                          "loops over the members of one device: needs mesh.sweep = 1")
     _check_choice(config, "tokenizer.kind", TOKENIZER_KINDS)
     _check_choice(config, "tokenizer.chat_format", CHAT_FORMATS)
     _check_choice(config, "model.arch", MODEL_ARCHS)

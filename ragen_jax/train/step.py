@@ -48,7 +48,7 @@ from ragen_jax.train import transcripts, update
 from ragen_jax.train.step_options import StepOptions
 
 
-PHASES = ("rollout", "diagnostics", "prepare", "update")  # TrainStep.with_transcripts' phases, in order
+PHASES = config_lib.STEP_PHASES  # TrainStep.with_transcripts' phases, in order
 
 
 @flax.struct.dataclass

@@ -93,6 +93,13 @@ def unstack(tree: Any, index: int) -> Any:
     return jax.tree.map(lambda x: x[index], tree)
 
 
+def member_of(tree: Any, axes: Any, index) -> Any:
+    """Member `index` of a stacked `tree` whose vmap `axes` (a prefix tree of 0 and None) say which parts are
+    stacked (0) and which are shared (None, kept as they are)."""
+    return jax.tree.map(lambda axis, sub: sub if axis is None else unstack(sub, index), axes, tree,
+                        is_leaf=lambda x: x is None)
+
+
 class Sweep(HostLoop):
     """S members of one config (see module doc) trained by the host loop (`train.loop.HostLoop`) with the vmapped
     step; `run()` trains them, the other members serve tests and tools.
@@ -123,6 +130,7 @@ class Sweep(HostLoop):
         if len(self.points) % config.mesh.sweep:
             raise config_lib.ConfigError("mesh.sweep", config.mesh.sweep,
                                          f"must divide the {len(self.points)} sweep members")
+        self.loop_phases = config_lib.loop_phases(config)
         super().__init__(config, configs, log)
         env_params = [build_env(c, self.parts.tokenizer)[1] for c in self.configs]
         self.hypers = [Hyper.from_config(c, p) for c, p in zip(self.configs, env_params)]
@@ -169,17 +177,26 @@ class Sweep(HostLoop):
         return held.replace(step=new_state.step), metrics, sample  # the shared counter moves on
 
     def step_fn(self, abstract_state: TrainState):
-        """The jitted, vmapped `member_step` over (stacked state, stacked step keys, `hyper()[0]`, stopped
-        bool[S]), sharded on the mesh."""
+        """The jitted step of every member over (stacked state, stacked step keys, `hyper()[0]`, stopped bool[S]),
+        sharded on the mesh: `member_step` vmapped, or with `mesh.sweep_loop_phases` its phases each vmapped or
+        looped over the members (`over_members`)."""
         axes = self._state_axes(abstract_state)
         _, hyper_axes, hyper_sharding = self.hyper()
-        vmapped = jax.vmap(self.member_step, in_axes=(axes, 0, hyper_axes, 0), out_axes=(axes, 0, 0),
-                           axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS)
+        if self.loop_phases:
+            def stepped(state, keys, hyper, stopped):
+                def phase(name, fn, *args):
+                    return self.over_members(name, fn, axes, hyper_axes)(*args)
+                new_state, metrics, sample = self.train_step.with_transcripts(state, keys, hyper, phase)
+                held = jax.vmap(tree_select)(stopped, state.replace(step=None), new_state.replace(step=None))
+                return held.replace(step=new_state.step), metrics, sample
+        else:
+            stepped = jax.vmap(self.member_step, in_axes=(axes, 0, hyper_axes, 0), out_axes=(axes, 0, 0),
+                               axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS)
         state_sharding, replicated = self.state_sharding(abstract_state), sharding.replicated(self.mesh)
         members = self._members_sharding()
         # metrics (a few scalars per member) and samples (a few rows per member): replicated, every process can read
         # them (multi-host)
-        return jax.jit(vmapped, in_shardings=(state_sharding, members, hyper_sharding, members),
+        return jax.jit(stepped, in_shardings=(state_sharding, members, hyper_sharding, members),
                        out_shardings=(state_sharding, replicated, replicated), donate_argnums=0)
 
     def phased_step(self, abstract_state: TrainState) -> PhasedStep:
@@ -188,17 +205,28 @@ class Sweep(HostLoop):
         steps: the host loop's per-member early stops need the fused `step_fn`, which holds a stopped member."""
         axes = self._state_axes(abstract_state)
         _, hyper_axes, _ = self.hyper()
-
-        def vectorise(name, fn):
-            def vmapped(state, key, hyper, *inputs):
-                out_axes = (axes, 0) if name == "update" else 0
-                return jax.vmap(fn, in_axes=(axes, 0, hyper_axes, *[0] * len(inputs)), out_axes=out_axes,
-                                axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS)(
-                    state, key, hyper, *inputs)
-            return vmapped
-
         return PhasedStep(self.train_step, self.state_sharding(abstract_state), sharding.replicated(self.mesh),
-                          vectorise)
+                          lambda name, fn: self.over_members(name, fn, axes, hyper_axes))
+
+    def over_members(self, name: str, fn, axes: TrainState, hyper_axes: Hyper):
+        """Phase `fn(state, key, hyper, *inputs)` (`train.step.PHASES`) of every member: vmapped, or, for a phase in
+        `mesh.sweep_loop_phases`, one member after another (`lax.map`). A loop runs each member's matmuls at its
+        own shapes, where vmap turns them into batched matmuls with per-member weights, which the CPU runs at a
+        lower rate (docs/performance.md#the-ppo-study-sweep-a-member-costs-14x-a-single-run). The update phase's
+        new state keeps the shared step counter unbatched."""
+        def run(state, key, hyper, *inputs):
+            in_axes = (axes, 0, hyper_axes, *[0] * len(inputs))
+            operands = (state, key, hyper, *inputs)
+            if name not in self.loop_phases:
+                out_axes = (axes, 0) if name == "update" else 0
+                return jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=sharding.SWEEP_AXIS,
+                                spmd_axis_name=sharding.SWEEP_AXIS)(*operands)
+            out = jax.lax.map(lambda i: fn(*member_of(operands, in_axes, i)), jnp.arange(self.size))
+            if name == "update":
+                new_state, metrics = out
+                return new_state.replace(step=new_state.step[0]), metrics
+            return out
+        return run
 
     def _members_sharding(self):
         return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(sharding.SWEEP_AXIS))

@@ -136,3 +136,35 @@ def test_grid_and_refusals():
         sweep_lib.Sweep(config, [{"filter.value": 1.5}, {"filter.value": 1.0}], log=None)
     with pytest.raises(config_lib.ConfigError, match="config.logging.phase_timings = True is invalid: a vectorised"):
         sweep_lib.Sweep(config_for("", **{"logging.phase_timings": True}), [{}, {}], log=None)
+
+
+def test_a_looped_phase_computes_what_the_vmapped_one_does():
+    """`Sweep.over_members`: a phase looped over the members (`mesh.sweep_loop_phases`) gives each member what vmap
+    gives it: stacked state parts, per-member keys and inputs indexed, shared hyperparameters (here the learning
+    rate, the same for both members) passed whole, and the update phase's step counter kept unbatched."""
+    config = config_for("", **{"mesh.sweep": 1, "mesh.sweep_loop_phases": "update"})
+    sweep = sweep_lib.Sweep(config, [{"train.seed": 0}, {"train.seed": 1, "filter.value": 0.5}], log=None)
+    stacked = sweep.stack_states(sweep.initial_states())
+    axes = sweep._state_axes(stacked)
+    hyper, hyper_axes, _ = sweep.hyper()
+    keys, inputs = sweep._step_inputs[0], np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+
+    def update(state, key, hyper, x):
+        noise = jax.random.uniform(key, ())
+        actor = jax.tree.map(lambda p: p * (1.0 + hyper.actor.lr * x.sum()) + noise * hyper.filter_value, state.actor)
+        return state.replace(actor=actor, step=state.step + 1), {"m": x.sum() * noise}
+
+    def run(loop_phases):
+        sweep.loop_phases = loop_phases
+        return jax.jit(sweep.over_members("update", update, axes, hyper_axes))(stacked, keys, hyper, inputs)
+
+    assert hyper_axes.actor.lr is None and hyper_axes.filter_value == 0  # one shared leaf, one stacked
+    (looped, looped_metrics), (vmapped, vmapped_metrics) = run(("update",)), run(())
+    assert looped.step.shape == () and int(looped.step) == int(stacked.step) + 1
+    np.testing.assert_allclose(looped_metrics["m"], vmapped_metrics["m"], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(looped.actor), jax.tree.leaves(vmapped.actor)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    with pytest.raises(config_lib.ConfigError, match="sweep_loop_phases = 'update' is invalid: loops over the"):
+        config_lib.validate(config_for("", **{"mesh.sweep_loop_phases": "update"}))
+    with pytest.raises(config_lib.ConfigError, match="allowed values are 'rollout'"):
+        config_lib.validate(config_for("", **{"mesh.sweep": 1, "mesh.sweep_loop_phases": "prepare,updates"}))
