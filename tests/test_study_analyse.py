@@ -139,22 +139,22 @@ def test_template_collapse_verdicts():
 
 # ----------------------------------------------------------------------------------------- gradient_buckets
 def write_bucket_member(folder: str, seed: int, task_slope: float) -> list[dict]:
-    """A run analysed at steps 1 and 6: bucket b has reward std b - 1 (+ a seed wobble), task norm
-    task_slope x std + 1, a KL norm flat around 2 and an entropy norm rising from 1 to 2.5."""
+    """A run analysed at steps 1, 6 and 11 (step 1 is skipped): bucket b has reward std b - 1 (+ a seed wobble), task
+    norm task_slope x std + 1, a KL norm flat around 2 and an entropy norm rising from 1 to 2.5."""
     member = os.path.join(folder, f"train.seed={seed}")
     os.makedirs(member)
     units = []
     with open(os.path.join(member, "metrics.jsonl"), "w", encoding="utf-8") as f:
-        for step in range(1, 8):
+        for step in range(1, 13):
             row = {"step": step}
-            if step in (1, 6):
+            if step in (1, 6, 11):
                 rv = np.arange(6.0) + 0.01 * seed
                 unit = {"rv": rv, "task": task_slope * rv + 1.0, "kl": 2.0 + 0.05 * np.sin(rv + step),
                         "entropy": 1.0 + 0.3 * np.arange(6.0)}
                 for b in range(6):
                     row.update({f"grad_norm/bucket_{b + 1}/reward_std_mean": rv[b],
                                 **{f"grad_norm/bucket_{b + 1}/{c}": unit[c][b] for c in ("task", "kl", "entropy")}})
-                units.append(unit)
+                units += [unit] if step > 1 else []
             f.write(json.dumps(row) + "\n")
     return units
 

@@ -20,6 +20,7 @@ NUM_BUCKETS = 6
 FLAT_SPREAD = 0.5  # a regulariser is flat when its median relative spread is at most this ...
 FLAT_FRACTION = 0.5  # ... and at most this fraction of the task component's median relative spread
 ALPHA = 0.05
+SKIPPED_STEP = 1  # the policy equals the KL reference at step 1, so the KL component is exactly zero there
 
 
 def key(bucket: int, stat: str) -> str:
@@ -27,10 +28,11 @@ def key(bucket: int, stat: str) -> str:
 
 
 def analyses(rows: list[dict]) -> list[dict[str, np.ndarray]]:
-    """One dict per analysed step of a run: "rv" f64[buckets] (mean reward std) and each component's norms."""
+    """One dict per analysed step of a run after SKIPPED_STEP: "rv" f64[buckets] (mean reward std) and each
+    component's norms."""
     out = []
     for row in rows:
-        if key(1, "task") not in row:
+        if key(1, "task") not in row or row["step"] == SKIPPED_STEP:
             continue
         buckets = range(1, NUM_BUCKETS + 1)
         unit = {"rv": np.array([row[key(b, "reward_std_mean")] for b in buckets], np.float64)}
