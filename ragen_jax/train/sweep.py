@@ -8,7 +8,8 @@ Each member is `config` with its overrides (keys from `SWEEPABLE`: values that l
 params, the seed, or the host-side early-stop rules). The members' Hypers, step keys and TrainStates are stacked
 along a leading axis, the step is `jax.vmap`-ed over it with `spmd_axis_name="sweep"`, and the mesh's `sweep` axis
 splits the members over devices (`mesh.sweep` must divide S; data x fsdp split each member's batch as in a single
-run). Member i computes exactly what `train(member_config)` would (up to float reduction order): same initial
+run). With `mesh.sweep_loop_phases` (members on one device) the phases it names run member after member in the same
+program instead (`Sweep.over_members`, `lax.map`). Member i computes exactly what `train(member_config)` would (up to float reduction order): same initial
 parameters (the SFT warm start runs once per distinct seed), same keys, so members with equal seeds see common random
 numbers. The host loop is the single run's (`train.loop.HostLoop`); `Sweep` gives it the stacked layout.
 
