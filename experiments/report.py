@@ -177,13 +177,9 @@ DIAGNOSTICS = (  # RAGEN-2 Fig. 10's rows: (label, key); success is each checkpo
 
 def ranks(values: np.ndarray) -> np.ndarray:
     """Ranks 0..n-1 of `values`, ties sharing their mean rank."""
-    order = np.argsort(values, kind="stable")
-    out = np.empty(len(values))
-    out[order] = np.arange(len(values))
-    for v in np.unique(values):
-        tied = values == v
-        out[tied] = out[tied].mean()
-    return out
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    first = np.cumsum(counts) - counts  # the rank of each distinct value's first copy
+    return (first + (counts - 1) / 2.0)[inverse.reshape(-1)]
 
 
 def spearman(x, y) -> float:

@@ -8,8 +8,9 @@ import os
 import numpy as np
 import pytest
 
+from experiments.report import spearman
 from experiments.studies import collect
-from experiments.studies.analyses import filter_vs_none, gradient_buckets, template_collapse
+from experiments.studies.analyses import diagnostics_vs_success, filter_vs_none, gradient_buckets, template_collapse
 from ragen_jax.train.metrics import read_metrics
 
 SUCCESS = "val-env/frozen_lake/success"
@@ -188,6 +189,58 @@ def test_gradient_bucket_slope_and_verdicts():
     assert gradient_buckets.verdict(0.2, 0.01, True) == "reproduced"
     assert gradient_buckets.verdict(-0.2, 0.01, True) == "reversed"
     assert gradient_buckets.verdict(0.2, 0.2, True) == "not reproduced here, with this power"
+
+
+# ----------------------------------------------------------------------------------------- diagnostics_vs_success
+def write_population_member(folder: str, entropy: float, value: str, seed: int, quality: float) -> None:
+    """A run whose success and first-turn MI both rise with `quality` (MI's order equals success's) while H(Z|X) is
+    unrelated to it; every diagnostic is logged at every step, success at every tenth."""
+    member = os.path.join(folder, f"algo.entropy_coeff={entropy},filter.value={value},train.seed={seed}")
+    os.makedirs(member)
+    noise = np.random.default_rng(int(quality * 1000))
+    with open(os.path.join(member, "metrics.jsonl"), "w", encoding="utf-8") as f:
+        for step in range(0, 101):
+            row = {"step": step}
+            if step:
+                row.update({MI: quality + 0.001 * step, H: noise.uniform(0.5, 1.5),
+                            "collapse_first_turn_sample/retrieval_accuracy": 0.5 + quality / 4,
+                            "collapse_first_turn_sample/mi_zscore": 3 * quality,
+                            "collapse_trajectory_sample/mi_zscore": noise.normal()})
+            if step % 10 == 0:
+                row["val-env/frozen_lake/success"] = 0.2 + quality / 2 + 0.0005 * step
+            f.write(json.dumps(row) + "\n")
+
+
+def test_diagnostics_vs_success_prints_rhos_intervals_and_the_gap_test(tmp_path):
+    study = str(tmp_path / "diagnostics_vs_success")
+    qualities = iter(np.linspace(0.0, 1.0, 20)[np.random.default_rng(0).permutation(20)])
+    for entropy in (0.0, 0.01):
+        for value in ("1.0", "0.9"):
+            for seed in range(5):
+                write_population_member(os.path.join(study, "frozen_lake"), entropy, value, seed, next(qualities))
+    lines = diagnostics_vs_success.analyse(study, str(tmp_path / "figure.png"))
+    assert os.path.getsize(tmp_path / "figure.png") > 10_000
+    text = "\n".join(lines)
+    assert text.startswith("20 runs in 4 arms;")
+    assert "| entropy 0.01, filter 0.9 | 5 |" in text
+    # MI orders the runs exactly as success does: rho 1 in every resample; retrieval and the first-turn z-score too
+    for name in ("MI", "retrieval accuracy", "first-turn MI z-score"):
+        for kind in ("window", "early", "within"):
+            assert f"| {name} | {kind} | +1.000 | [+1.000, +1.000] |" in text
+    runs, _ = diagnostics_vs_success.load_runs(study)
+    window_h = [np.mean([r[H] for r in rows if 51 <= r["step"] <= 100]) for rows in runs]
+    finals = [np.mean([r["val-env/frozen_lake/success"] for r in rows if r["step"] in (80, 90, 100)]) for rows in runs]
+    rho_h = spearman(window_h, finals)
+    assert f"| H(Z|X) | window | {rho_h:+.3f} |" in text
+    assert f"| window (primary) | {1 - abs(rho_h):+.3f} |" in text
+    assert "**reproduced: MI tracks success, and better than H(Z|X)**" in text
+
+
+def test_diagnostics_vs_success_verdicts():
+    assert diagnostics_vs_success.verdict((0.6, 0.3, 0.8), (0.4, 0.1, 0.6)).startswith("reproduced")
+    assert diagnostics_vs_success.verdict((0.1, -0.2, 0.4), (-0.4, -0.6, -0.1)).startswith("reversed")
+    assert diagnostics_vs_success.verdict((0.6, 0.3, 0.8), (0.2, -0.1, 0.5)) == "not resolved with this power"
+    assert diagnostics_vs_success.verdict((0.6, -0.1, 0.8), (0.2, 0.1, 0.5)) == "not resolved with this power"
 
 
 def test_every_result_quotes_what_the_script_prints_from_the_committed_metrics(tmp_path):

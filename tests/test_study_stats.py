@@ -51,3 +51,31 @@ def test_sign_test_matches_scipys_binomial_test():
     assert stats.sign_test_p(8, 8) == pytest.approx(2 / 256)
     with pytest.raises(ValueError, match="0 <= positive <= total"):
         stats.sign_test_p(3, 2)
+
+
+def test_spearman_rows_match_scipy_row_by_row_ties_included():
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 4, size=(50, 12)).astype(float)  # many ties, as in a bootstrap resample
+    y = rng.normal(size=(50, 12))
+    want = [scipy_stats.spearmanr(a, b).statistic for a, b in zip(x, y)]
+    np.testing.assert_allclose(stats.spearman_rows(x, y), want, rtol=1e-12)
+    assert np.isnan(stats.spearman_rows(np.ones((1, 5)), y[:1, :5])[0])  # a constant row has no rank correlation
+
+
+def test_bootstrap_spearman_resamples_runs_and_pairs_calls_of_the_same_size():
+    rng = np.random.default_rng(6)
+    x, y, z = rng.normal(size=(3, 30))
+    a, b = stats.bootstrap_spearman(x, y, resamples=200), stats.bootstrap_spearman(x, z, resamples=200)
+    idx = stats.resample_indices(30, 200)
+    assert a[7] == pytest.approx(scipy_stats.spearmanr(x[idx[7]], y[idx[7]]).statistic, rel=1e-12)
+    assert b[7] == pytest.approx(scipy_stats.spearmanr(x[idx[7]], z[idx[7]]).statistic, rel=1e-12)
+    np.testing.assert_array_equal(stats.bootstrap_spearman(x, y, resamples=200), a)  # reproducible
+
+
+def test_bootstrap_p_and_interval_worked_examples():
+    samples = np.array([-1.0, 0.0, 1.0, 2.0, 3.0, np.nan])  # 2 of 5 at or below 0, 4 of 5 at or above
+    assert stats.bootstrap_p(samples) == pytest.approx(2 * 2 / 5)
+    assert stats.bootstrap_p([1.0, 2.0]) == 0.0
+    assert stats.percentile_interval(np.arange(101.0), level=0.9) == pytest.approx((5.0, 95.0))
+    with pytest.raises(ValueError, match="every bootstrap sample is NaN"):
+        stats.bootstrap_p([np.nan])

@@ -3,6 +3,7 @@
     .venv/bin/python -m experiments.studies.analyse filter_vs_none [--figure PATH]
     .venv/bin/python -m experiments.studies.analyse template_collapse
     .venv/bin/python -m experiments.studies.analyse gradient_buckets
+    .venv/bin/python -m experiments.studies.analyse diagnostics_vs_success
 
 Prints the study's result tables in markdown (RESULT.md quotes them verbatim) and writes its figure
 (`<study>/figure.png` unless --figure). Each study's PROTOCOL.md defines the endpoints and the tests computed here;
@@ -14,11 +15,11 @@ import argparse
 import os
 import sys
 
-from experiments.studies.analyses import filter_vs_none, gradient_buckets, template_collapse
+from experiments.studies.analyses import diagnostics_vs_success, filter_vs_none, gradient_buckets, template_collapse
 
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 STUDIES = {"filter_vs_none": filter_vs_none.analyse, "template_collapse": template_collapse.analyse,
-           "gradient_buckets": gradient_buckets.analyse}
+           "gradient_buckets": gradient_buckets.analyse, "diagnostics_vs_success": diagnostics_vs_success.analyse}
 
 
 def main(argv: list[str] | None = None) -> None:
