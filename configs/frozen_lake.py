@@ -5,7 +5,7 @@ several turns.
     experiments/train.py --config=configs/frozen_lake.py:tiny     # CPU: the first rung, from a shipped warm start
     experiments/sweep.py --config=configs/frozen_lake.py:mixed,ppo ...   # CPU: mixed difficulty and slip (a study)
     experiments/sweep.py --config=configs/frozen_lake.py:collapse ...    # CPU: tiny without its KL anchor (a study)
-    experiments/sweep.py --config=configs/frozen_lake.py:population ...  # CPU: tiny with diagnostics' headroom (a study)
+    experiments/sweep.py --config=configs/frozen_lake.py:population ...  # CPU: tiny, no KL, 16 groups (a study)
 
 Tiny is a curriculum rung, not the full task: the goal one move from the start (`env.kwargs.goal_distance` 1), one
 turn, one move. It starts from the shipped warm start `configs/warm_starts/frozen_lake_tiny` (the d64 x 2 model
@@ -69,13 +69,14 @@ COLLAPSE = {"algo.use_kl_loss": False, "train.total_steps": 60, "rollout.val_num
             "diagnostics.faithfulness_prompts": 256}
 
 
-# Diagnostics against success (experiments/studies/diagnostics_vs_success): the tiny rung with 16 prompt groups of 4
-# rollouts (the same 64 rollouts) so that the first-turn retrieval has 16 candidates instead of 8, all 64 rollouts
+# Diagnostics against success (experiments/studies/diagnostics_vs_success): the tiny rung without its KL anchor (which
+# pins the reasoning to the warm start's and would mask the entropy bonus the population varies), with 16 prompt groups
+# of 4 rollouts (the same 64 rollouts) so that the first-turn retrieval has 16 candidates instead of 8, all 64 rollouts
 # scored by the collapse diagnostics every 5 steps, 100 steps, 256 validation prompts scored for faithfulness; the
 # population varies algo.entropy_coeff and filter.value
-POPULATION = {"rollout.num_groups": 16, "rollout.group_size": 4, "diagnostics.num_samples": 64,
-              "diagnostics.collapse_every": 5, "train.total_steps": 100, "rollout.val_num_groups": 256,
-              "diagnostics.faithfulness_prompts": 256,
+POPULATION = {"algo.use_kl_loss": False, "rollout.num_groups": 16, "rollout.group_size": 4,
+              "diagnostics.num_samples": 64, "diagnostics.collapse_every": 5, "train.total_steps": 100,
+              "rollout.val_num_groups": 256, "diagnostics.faithfulness_prompts": 256,
               "filter.empty_stop_steps": 0, "filter.rv_collapse_window": 0, "filter.val_success_patience": 0}
 
 

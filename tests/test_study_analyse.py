@@ -207,7 +207,8 @@ def write_population_member(folder: str, entropy: float, value: str, seed: int, 
                             "collapse_first_turn_sample/mi_zscore": 3 * quality,
                             "collapse_trajectory_sample/mi_zscore": noise.normal()})
             if step % 10 == 0:
-                row["val-env/frozen_lake/success"] = 0.2 + quality / 2 + 0.0005 * step
+                row.update({"val-env/frozen_lake/success": 0.2 + quality / 2 + 0.0005 * step,
+                            FAITH: 1.0 - quality / 2})  # faithfulness falls as success rises: rho -1
             f.write(json.dumps(row) + "\n")
 
 
@@ -227,6 +228,8 @@ def test_diagnostics_vs_success_prints_rhos_intervals_and_the_gap_test(tmp_path)
     for name in ("MI", "retrieval accuracy", "first-turn MI z-score"):
         for kind in ("window", "early", "within"):
             assert f"| {name} | {kind} | +1.000 | [+1.000, +1.000] |" in text
+    for kind in ("window", "early", "within"):
+        assert f"| faithfulness | {kind} | -1.000 | [-1.000, -1.000] |" in text
     runs, _ = diagnostics_vs_success.load_runs(study)
     window_h = [np.mean([r[H] for r in rows if 51 <= r["step"] <= 100]) for rows in runs]
     finals = [np.mean([r["val-env/frozen_lake/success"] for r in rows if r["step"] in (80, 90, 100)]) for rows in runs]

@@ -92,15 +92,16 @@ def test_collapse_frozen_lake_setting_is_tiny_without_its_kl_anchor():
     assert differing == {"algo", "train", "rollout", "diagnostics"}
 
 
-def test_population_frozen_lake_setting_is_tiny_with_more_prompts_and_every_row_scored():
+def test_population_frozen_lake_setting_is_tiny_without_kl_with_16_groups_and_every_row_scored():
     tiny = config_lib.load(["train", "--config=configs/frozen_lake.py:tiny"])
     c = config_lib.load(["train", "--config=configs/frozen_lake.py:population"])
+    assert tiny.algo.use_kl_loss and not c.algo.use_kl_loss
     r = c.rollout
     assert r.num_groups * r.group_size == tiny.rollout.num_groups * tiny.rollout.group_size == 64
     assert r.num_groups == 2 * tiny.rollout.num_groups and c.diagnostics.num_samples == 64  # every row, 16 columns
     assert (c.train.total_steps, r.val_num_groups * r.val_group_size) == (100, 256)
     assert c.diagnostics.faithfulness_prompts == 256
-    assert c.algo.to_dict() == tiny.algo.to_dict() and c.model.to_dict() == tiny.model.to_dict()  # KL anchor kept
+    assert c.algo.entropy_coeff == tiny.algo.entropy_coeff and c.model.to_dict() == tiny.model.to_dict()
     assert c.filter.value == 1.0 and c.filter.empty_stop_steps == 0  # the study sweeps filter.value; every run ends
 
 

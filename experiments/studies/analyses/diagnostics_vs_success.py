@@ -18,7 +18,8 @@ MI, ENTROPY = "collapse_first_turn_sample/mi_estimate", "collapse_first_turn_sam
 DIAGNOSTICS = {"MI": MI, "H(Z|X)": ENTROPY,
                "retrieval accuracy": "collapse_first_turn_sample/retrieval_accuracy",
                "first-turn MI z-score": "collapse_first_turn_sample/mi_zscore",
-               "trajectory MI z-score": "collapse_trajectory_sample/mi_zscore"}
+               "trajectory MI z-score": "collapse_trajectory_sample/mi_zscore",
+               "faithfulness": f"val-faithfulness/{SETTING}"}  # a validation metric: its window holds steps 60-100
 FINAL_STEPS = (80, 90, 100)  # validation steps whose mean success is a run's final success
 WINDOW = range(51, 101)  # training steps whose diagnostic values average into the window value
 EARLY = range(1, 21)  # ... into the early value
