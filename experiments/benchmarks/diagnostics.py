@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
+from ragen_jax.algos import scoring, update_inputs
 from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
 from ragen_jax.models import transformer
 from ragen_jax.train import update
@@ -104,11 +105,11 @@ def main() -> None:
 
     # ---- reference: one actor update over 4 minibatches
     upd_config = update.UpdateConfig(minibatch_size=32)
-    hyper = update.ActorHyper(*(jnp.float32(v) for v in (1e-6, 0.2, 0.28, 3.0, 0.001, 0.0, 1.0)))
-    old_logp, _ = jax.jit(functools.partial(update.token_logprobs, logits_fn))(
+    hyper = update_inputs.ActorHyper(*(jnp.float32(v) for v in (1e-6, 0.2, 0.28, 3.0, 0.001, 0.0, 1.0)))
+    old_logp, _ = jax.jit(functools.partial(scoring.token_logprobs, logits_fn))(
         params, spans.tokens, positions, attention, temperature)
     zeros = jnp.zeros_like(old_logp)
-    upd_batch = update.UpdateBatch(tokens=spans.tokens, positions=positions, attention_mask=attention,
+    upd_batch = update_inputs.UpdateBatch(tokens=spans.tokens, positions=positions, attention_mask=attention,
                                    loss_mask=loss_mask, old_logp=old_logp, advantages=adv[:, None] + zeros,
                                    ref_logp=old_logp, returns=zeros, old_values=zeros)
     opt_state = update.optimizer_init(params, upd_config)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import filtering, models
-from ragen_jax.algos import gae
+from ragen_jax.algos import gae, update_inputs
 from ragen_jax.train import update
 
 MODEL = models.ModelConfig(vocab_size=512, d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
@@ -68,7 +68,7 @@ def update_phase(actor, actor_opt, critic, critic_opt, data, filter_value, actor
     result = filtering.apply_filter(data["episode_rewards"], value=filter_value, **FILTER)
     mask = data["loss_mask"] * result.row_mask[:, None]
     advantages, returns = gae(data["token_rewards"], data["old_values"], mask, 1.0, 1.0)
-    batch = update.UpdateBatch(data["tokens"], data["positions"], data["attention_mask"], mask, data["old_logp"],
+    batch = update_inputs.UpdateBatch(data["tokens"], data["positions"], data["attention_mask"], mask, data["old_logp"],
                                advantages, data["ref_logp"], returns, data["old_values"])
     batch = filtering.permute_rows(batch, result.perm)
     values_fn = functools.partial(models.values, MODEL)
@@ -92,8 +92,8 @@ def main() -> None:
     state = dict(actor=actor, actor_opt=update.optimizer_init(actor, CONFIG), critic=critic,
                  critic_opt=update.optimizer_init(critic, CONFIG))
     data = synthetic_batch(np.random.default_rng(0))
-    actor_hyper = update.ActorHyper(*(jnp.float32(v) for v in (1e-6, 0.2, 0.28, 3.0, 0.001, 0.0, 1.0)))
-    critic_hyper = update.CriticHyper(jnp.float32(1e-5), jnp.float32(0.5))
+    actor_hyper = update_inputs.ActorHyper(*(jnp.float32(v) for v in (1e-6, 0.2, 0.28, 3.0, 0.001, 0.0, 1.0)))
+    critic_hyper = update_inputs.CriticHyper(jnp.float32(1e-5), jnp.float32(0.5))
     step = jax.jit(update_phase)
 
     def run(filter_value):

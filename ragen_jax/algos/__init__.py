@@ -1,4 +1,5 @@
-"""RL objectives of StarPO: advantage estimators, losses and algorithm presets (docs/rewards_and_objectives.md)."""
+"""RL objectives of StarPO: advantage estimators, losses, scoring rows with a model, and algorithm presets
+(docs/rewards_and_objectives.md)."""
 from ragen_jax.algos.advantages import bi_level_gae, gae, grpo, kl_in_reward, masked_whiten
 from ragen_jax.algos.losses import (
     agg_loss,

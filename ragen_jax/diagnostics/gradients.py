@@ -26,21 +26,18 @@ the whole analysis costs about three forward and six backward passes over the ba
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
 from ragen_jax import sharding
 from ragen_jax.algos import losses
+from ragen_jax.algos.scoring import LogitsFn, token_logprobs
+from ragen_jax.algos.update_inputs import ActorHyper, UpdateBatch
 from ragen_jax.config import BUCKET_MODES, check_choice
 from ragen_jax.diagnostics import schedule
-from ragen_jax.train.update import ActorHyper, UpdateBatch, token_logprobs
 
 COMPONENTS = ("task", "entropy", "kl")
-
-# (params, tokens int32[B, L], positions int32[B, L], attention_mask bool[B, L]) -> logits f32[B, L, V]
-LogitsFn = Callable[[object, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ class CausalLM(abc.ABC):
     """A causal LM of `config` as pure functions of its params, split at the LM head (see the module docstring).
 
     Calling it gives the logits, so it serves wherever a logits function `(params, tokens, positions,
-    attention_mask) -> f32[B, T, V]` is expected; scorers that see a `CausalLM` (`train.update.token_logprobs`)
+    attention_mask) -> f32[B, T, V]` is expected; scorers that see a `CausalLM` (`algos.scoring.token_logprobs`)
     unembed its hidden states a few positions at a time instead of holding every position's logits.
     """
 

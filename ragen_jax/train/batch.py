@@ -2,7 +2,7 @@
 
 The trajectory buffer is already laid out by position (token s at position s, right-padded), so the model
 inputs are the buffer itself; the loss mask marks the sampled tokens as *targets* (index t of the [B, L-1]
-arrays scores tokens[:, t + 1], as in `update.token_logprobs`). Unlike RAGEN (docs/differences.md#sampled-tokens), which
+arrays scores tokens[:, t + 1], as in `scoring.token_logprobs`). Unlike RAGEN (docs/differences.md#sampled-tokens), which
 also trains on the chat-template tokens around each assistant message, only the sampled tokens are trained
 (docs/architecture.md, design rule 6).
 """

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax.algos import scoring
 from ragen_jax.models.lm import CausalLM
 from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.train import batch as batch_lib
@@ -35,7 +36,7 @@ WIDTH_MULTIPLE = 256  # coarse: every new width compiles the SFT step once
 def sft_loss(model: CausalLM, params, tokens, positions, attention, loss_mask):
     """Mean negative log-likelihood f32[] under `model` of the masked target tokens (loss_mask f32[B, L-1] scores
     tokens[:, 1:])."""
-    logp, _ = update.token_logprobs(model, params, tokens, positions, attention,
+    logp, _ = scoring.token_logprobs(model, params, tokens, positions, attention,
                                     jnp.float32(1.0))  # a block of positions' logits at a time
     return -(logp * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)
 

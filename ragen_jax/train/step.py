@@ -39,6 +39,7 @@ from ragen_jax import filtering, sharding
 from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import estimators
 from ragen_jax.algos import rewards as rewards_lib
+from ragen_jax.algos import scoring, update_inputs
 from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
 from ragen_jax.models import lm
 from ragen_jax.rollout.metrics import rollout_metrics
@@ -55,8 +56,8 @@ PHASES = config_lib.STEP_PHASES  # TrainStep.with_transcripts' phases, in order
 class Hyper:
     """Traced hyperparameters of a step (f32 scalars, plus the env's params pytree)."""
 
-    actor: update.ActorHyper
-    critic: update.CriticHyper
+    actor: update_inputs.ActorHyper
+    critic: update_inputs.CriticHyper
     top_p: jax.Array
     filter_value: jax.Array
     filter_eps: jax.Array
@@ -72,7 +73,7 @@ class Hyper:
     def from_config(cls, config, env_params) -> "Hyper":
         a, f = config.algo, config.filter
         f32 = jnp.float32
-        return cls(actor=update.ActorHyper.from_config(config), critic=update.CriticHyper.from_config(config),
+        return cls(actor=update_inputs.ActorHyper.from_config(config), critic=update_inputs.CriticHyper.from_config(config),
                    top_p=f32(config.rollout.top_p), filter_value=f32(f.value), filter_eps=f32(f.eps),
                    filter_include_zero=jnp.bool_(f.include_zero),
                    gamma=f32(a.gamma), lam=f32(a.lam), high_level_gamma=f32(a.high_level_gamma),
@@ -249,7 +250,7 @@ class TrainStep:
         temperature = hyper.actor.temperature
         tokens, positions, attention, loss_mask = batch_lib.model_inputs(traj)
         tiers = o.update_config.score_tiers
-        old_logp, old_entropy = update.token_logprobs(self.logits_fn, state.actor, tokens, positions, attention,
+        old_logp, old_entropy = scoring.token_logprobs(self.logits_fn, state.actor, tokens, positions, attention,
                                                       temperature, o.update_config.vocab_chunk, group_size=group_size,
                                                       max_tiers=tiers)
         metrics = {"actor/entropy": (old_entropy * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1.0)}
@@ -261,11 +262,11 @@ class TrainStep:
         zeros = jnp.zeros_like(old_logp)
         ref_logp = zeros
         if o.use_ref:
-            ref_logp = update.token_logprobs(self.logits_fn, state.ref, tokens, positions, attention, temperature,
+            ref_logp = scoring.token_logprobs(self.logits_fn, state.ref, tokens, positions, attention, temperature,
                                              o.update_config.vocab_chunk, group_size=group_size, max_tiers=tiers)[0]
         values = zeros
         if o.use_critic:
-            values = update.token_values(self.values_fn, state.critic, tokens, positions, attention, max_tiers=tiers)
+            values = scoring.token_values(self.values_fn, state.critic, tokens, positions, attention, max_tiers=tiers)
         token_rewards = rewards_lib.last_token_rewards(scores, loss_mask)
         if o.use_kl_in_reward:
             token_rewards, kl_metrics = adv_lib.kl_in_reward(token_rewards, old_logp, ref_logp, loss_mask,
@@ -274,7 +275,7 @@ class TrainStep:
         advantages, returns, advantage_metrics = self._advantages(token_rewards, values, loss_mask, kept,
                                                                   traj.group_ids, hyper)
         metrics.update(advantage_metrics)
-        rows = sharding.shard_batch(filtering.permute_rows(update.UpdateBatch(
+        rows = sharding.shard_batch(filtering.permute_rows(update_inputs.UpdateBatch(
             tokens=tokens, positions=positions, attention_mask=attention, loss_mask=loss_mask, old_logp=old_logp,
             advantages=advantages, ref_logp=ref_logp, returns=returns, old_values=values), kept.perm))
         return rows, kept, scores, metrics
@@ -311,7 +312,7 @@ class TrainStep:
         return hyper.replace(actor=hyper.actor._replace(lr=hyper.actor.lr * scale),
                              critic=hyper.critic._replace(lr=hyper.critic.lr * scale))
 
-    def _gradient_analysis(self, step, state: TrainState, key, rows: update.UpdateBatch, kept: filtering.FilterResult,
+    def _gradient_analysis(self, step, state: TrainState, key, rows: update_inputs.UpdateBatch, kept: filtering.FilterResult,
                            scores, group_ids, hyper: Hyper) -> dict[str, jax.Array]:
         """Gradient-component norms by reward-variance bucket (docs/diagnostics.md#gradient-analysis) every
         `diagnostics.grad_analysis_every` steps (NaN on other steps; nothing when 0): on the kept rows of the training

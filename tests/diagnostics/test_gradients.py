@@ -11,7 +11,7 @@ import pytest
 from ragen_jax.algos import losses
 from ragen_jax.diagnostics import gradients
 from ragen_jax.models import ModelConfig, init_params, transformer
-from ragen_jax.train.update import ActorHyper, UpdateBatch
+from ragen_jax.algos.update_inputs import ActorHyper, UpdateBatch
 
 CONFIG = ModelConfig(vocab_size=31, d_model=16, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8, mlp_dim=32,
                      max_seq_len=32)

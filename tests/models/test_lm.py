@@ -11,9 +11,9 @@ import pytest
 from configs import base
 from ragen_jax import config as config_lib
 from ragen_jax import models
+from ragen_jax.algos import scoring
 from ragen_jax.models import kv_cache, lm
 from ragen_jax.rollout import sampler
-from ragen_jax.train import update
 
 CONFIG = models.ModelConfig(vocab_size=12, d_model=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
                             mlp_dim=16, max_seq_len=16)
@@ -86,7 +86,7 @@ def test_a_new_architecture_is_one_class_and_one_registry_entry(bigram):
 
     tokens = jnp.asarray([[1, 4, 9, 2]], jnp.int32)
     positions, attention = jnp.arange(4)[None], jnp.ones((1, 4), bool)
-    logp, _ = update.token_logprobs(model, params, tokens, positions, attention, jnp.float32(1.0))
+    logp, _ = scoring.token_logprobs(model, params, tokens, positions, attention, jnp.float32(1.0))
     logits = embed[[1, 4, 9]] @ head
     want = logits[np.arange(3), [4, 9, 2]] - np.log(np.exp(logits).sum(-1))
     np.testing.assert_allclose(logp[0], want, rtol=1e-5, atol=1e-5)

@@ -12,7 +12,7 @@ import numpy as np
 from ragen_jax.diagnostics import cross_logprobs, sampling
 from ragen_jax.models import transformer
 from ragen_jax.train import batch as batch_lib
-from ragen_jax.train.update import token_logprobs
+from ragen_jax.algos.scoring import token_logprobs
 from tests.rollout.helpers import GROUPS, REASONING, run, scripted_params, tiny_setup
 
 

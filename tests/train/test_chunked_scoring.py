@@ -1,4 +1,4 @@
-"""Token-chunked scoring (`losses.hidden_logprobs_and_entropy`, `update.token_logprobs` with a
+"""Token-chunked scoring (`losses.hidden_logprobs_and_entropy`, `scoring.token_logprobs` with a
 `models.lm.CausalLM`): values and gradients equal a plain log-softmax over the whole logits computed in the
 test, and the compiled backward pass holds no [B, T, V] float32 array."""
 import functools
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ragen_jax.algos import losses
+from ragen_jax.algos import scoring, update_inputs
 from ragen_jax.models import transformer
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.train import update
@@ -105,7 +106,7 @@ def test_causal_lm_scoring_matches_plain_log_softmax(tied):
     tokens, positions, attention = model_batch()
 
     def chunked(p):
-        return update.token_logprobs(transformer.DecoderLM(config), p, tokens, positions, attention, TEMPERATURE,
+        return scoring.token_logprobs(transformer.DecoderLM(config), p, tokens, positions, attention, TEMPERATURE,
                                      vocab_chunk=16, logits_chunk=5 * VOCAB)
 
     def plain(p):
@@ -128,11 +129,11 @@ def test_actor_update_with_causal_lm_equals_logits_function():
     rng = np.random.default_rng(4)
     shape = (ROWS, LENGTH)
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    batch = update.UpdateBatch(tokens, positions, attention, loss_mask=f32(attention[:, 1:]),
+    batch = update_inputs.UpdateBatch(tokens, positions, attention, loss_mask=f32(attention[:, 1:]),
                                old_logp=f32(rng.normal(-3.5, 0.3, shape)), advantages=f32(rng.normal(size=shape)),
                                ref_logp=f32(rng.normal(-3.5, 0.3, shape)), returns=f32(np.zeros(shape)),
                                old_values=f32(np.zeros(shape)))
-    hyper = update.ActorHyper(*(jnp.float32(v) for v in (1e-2, 0.2, 0.28, 3.0, 0.01, 0.05, TEMPERATURE)))
+    hyper = update_inputs.ActorHyper(*(jnp.float32(v) for v in (1e-2, 0.2, 0.28, 3.0, 0.01, 0.05, TEMPERATURE)))
     upd = update.UpdateConfig(epochs=1, minibatch_size=ROWS, use_kl_loss=True, kl_loss_type="k3",
                               logits_chunk=4 * VOCAB)
     run = jax.jit(update.actor_update, static_argnums=(0, 6))

@@ -5,17 +5,9 @@ import numpy as np
 import optax
 import pytest
 
-from ragen_jax.train.update import (
-    ActorHyper,
-    CriticHyper,
-    UpdateBatch,
-    UpdateConfig,
-    actor_update,
-    critic_update,
-    optimizer_init,
-    optimizer_step,
-    token_logprobs,
-)
+from ragen_jax.algos.scoring import token_logprobs
+from ragen_jax.algos.update_inputs import ActorHyper, CriticHyper, UpdateBatch
+from ragen_jax.train.update import UpdateConfig, actor_update, critic_update, optimizer_init, optimizer_step
 
 VOCAB, WIDTH, ROWS, LENGTH = 11, 6, 16, 6
 FORWARD_CALLS = []
