@@ -11,10 +11,10 @@ start is remade as configs/bandit.py says.
     ragen-train --config=configs/demo.py --workdir=runs/demo [--config.train.total_steps=60 ...]
 """
 from configs import bandit
-from ragen_jax.algos import presets
+from ragen_jax import config as config_lib
 
 
 def get_config():
-    return presets.apply_overrides(bandit.get_config("tiny"), {
+    return config_lib.apply_overrides(bandit.get_config("tiny"), {
         "train.total_steps": 40, "train.test_freq": 5, "checkpoint.save_freq": 10, "logging.progress_bar": False,
     })

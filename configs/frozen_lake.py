@@ -36,6 +36,7 @@ open-loop moves succeed 0.61 of the time under the slip. Made by:
 import os
 
 from configs import tasks
+from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 
 WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_starts", "frozen_lake_tiny")
@@ -85,7 +86,7 @@ def mixed(algorithm: str):
     if algorithm not in MIXED_ALGORITHMS:
         raise ValueError(f"configs/frozen_lake.py:mixed,{algorithm}: use mixed,ppo or mixed,drgrpo")
     config = presets.preset_config(tasks.tiny("frozen_lake", TINY), algorithm, filter="linear")
-    return presets.apply_overrides(config, MIXED)
+    return config_lib.apply_overrides(config, MIXED)
 
 
 def get_config(arg: str | None = None):

@@ -26,6 +26,7 @@ mini-batch 32 with micro-batch 4, collapse metrics every 5 steps (RAGEN's cadenc
 from __future__ import annotations
 
 from configs import base
+from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 
 PROTOCOLS = ("main_table", "topp_sweep", "kl_sweep", "entropy_sweep", "frozenlake_slip", "grad_analysis")
@@ -57,25 +58,25 @@ def get_config(arg: str = "main_table"):
         algorithm, filtered = options[0], options[1] == "filter"
         config = presets.preset_config(base.get_config(), algorithm, filter="paper" if filtered else "none")
         env = options[2] if len(options) == 3 else "sokoban"
-        return presets.apply_overrides(config, {**_SCRIPTS, "env.name": env})
+        return config_lib.apply_overrides(config, {**_SCRIPTS, "env.name": env})
     if name == "frozenlake_slip":  # frozenlake_slip,<filter|nofilter>: PPO, KL 0, entropy 0
         if options not in (["filter"], ["nofilter"]):
             raise ValueError(f"configs/paper.py:{arg}: use frozenlake_slip,<filter|nofilter>")
         filtered = options == ["filter"]
         config = presets.preset_config(base.get_config(), "ppo", filter="paper" if filtered else "none")
-        return presets.apply_overrides(config, {
+        return config_lib.apply_overrides(config, {
             **_SCRIPTS, "env.name": "frozen_lake", "algo.entropy_coeff": 0.0, "filter.include_zero": not filtered})
     if options:
         raise ValueError(f"configs/paper.py:{arg}: protocol {name!r} takes no options")
     if name == "topp_sweep":  # PPO with a k1 KL loss of 0.001 and entropy 0.001; zero-variance groups dropped
         config = presets.preset_config(base.get_config(), "ppo", filter="paper", kl="loss", kl_coef=0.001)
-        return presets.apply_overrides(config, {**_SCRIPTS, "env.name": "sokoban", "filter.include_zero": False})
+        return config_lib.apply_overrides(config, {**_SCRIPTS, "env.name": "sokoban", "filter.include_zero": False})
     if name in ("kl_sweep", "entropy_sweep"):  # PPO, filter off; the KL sweep puts the KL in the loss
         kl = "loss" if name == "kl_sweep" else None
         config = presets.preset_config(base.get_config(), "ppo", filter="none", kl=kl)
-        return presets.apply_overrides(config, {**_SCRIPTS, "env.name": "sokoban"})
+        return config_lib.apply_overrides(config, {**_SCRIPTS, "env.name": "sokoban"})
     # grad_analysis: PPO, linear top-p 0.9 without zero-variance groups, a separate 128 x 16 analysis batch
     config = presets.preset_config(base.get_config(), "ppo", filter="linear")
-    return presets.apply_overrides(config, {
+    return config_lib.apply_overrides(config, {
         **_SCRIPTS, "env.name": "sokoban", "diagnostics.grad_analysis_every": 50,
         "diagnostics.grad_analysis_num_groups": 128, "diagnostics.grad_analysis_group_size": 16})

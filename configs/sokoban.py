@@ -21,6 +21,7 @@ experiments/results/README.md has the per-seed results (each of seeds 0-4: 0.312
 import os
 
 from configs import tasks
+from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 
 WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_starts", "sokoban_tiny")
@@ -47,7 +48,7 @@ def buckets(algorithm: str):
     if algorithm not in BUCKET_ALGORITHMS:
         raise ValueError(f"configs/sokoban.py:buckets,{algorithm}: use buckets,ppo or buckets,drgrpo")
     config = presets.preset_config(tasks.tiny("sokoban", TINY), algorithm)
-    return presets.apply_overrides(config, {**TINY, **BUCKETS})
+    return config_lib.apply_overrides(config, {**TINY, **BUCKETS})
 
 
 def get_config(arg: str | None = None):

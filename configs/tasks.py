@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from configs import base, paper
+from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 
 TINY_MODEL = {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 4, "model.num_kv_heads": 2,
@@ -28,13 +29,13 @@ TINY = {
 
 def accelerator(env: str, overrides: Mapping[str, Any] = ()):
     """RAGEN-2's main-table PPO + filter setting on `env` with task-specific `overrides` (a locked ConfigDict)."""
-    return presets.apply_overrides(paper.get_config(f"main_table,ppo,filter,{env}"), dict(overrides))
+    return config_lib.apply_overrides(paper.get_config(f"main_table,ppo,filter,{env}"), dict(overrides))
 
 
 def tiny(env: str, overrides: Mapping[str, Any] = ()):
     """The CPU setting on `env` (see the module doc) with task-specific `overrides` (a locked ConfigDict)."""
     config = presets.preset_config(base.get_config(), "grpo", filter="paper")
-    return presets.apply_overrides(config, {**TINY, "env.name": env, **dict(overrides)})
+    return config_lib.apply_overrides(config, {**TINY, "env.name": env, **dict(overrides)})
 
 
 def get(arg: str | None, env: str, accelerator_overrides: Mapping[str, Any], tiny_overrides: Mapping[str, Any]):

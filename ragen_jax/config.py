@@ -4,10 +4,12 @@
 offending value and what is allowed. The name tuples below are the single source of the fixed choices the rest of
 the package accepts; the choices that grow (filter metrics and strategies, advantage estimators, loss aggregation
 modes, model architectures) are `Registry`s instead, filled where each one is implemented
-(docs/filtering.md#adding-a-filter-metric-or-strategy), and validation reads their names.
+(docs/filtering.md#adding-a-filter-metric-or-strategy), and validation reads their names. `apply_overrides` sets
+dotted keys on a copy of a config (task settings, presets, sweep members).
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import math
 import os
@@ -397,3 +399,17 @@ def load(argv: list[str], num_devices: int | None = None,
     if flag_values.config is None:
         raise ConfigError("--config", None, "pass --config=configs/<task>.py")
     return validate(flag_values.config, num_devices)
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted keys set; an unknown key raises KeyError naming it."""
+    config = copy.deepcopy(config)
+    for dotted, value in overrides.items():
+        *parents, leaf = dotted.split(".")
+        node = config
+        for part in parents:
+            node = node[part]
+        if leaf not in node:
+            raise KeyError(f"config.{dotted} does not exist in the config schema")
+        node[leaf] = value
+    return config

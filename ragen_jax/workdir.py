@@ -20,7 +20,7 @@ from typing import Any, Collection, Mapping
 import ml_collections
 
 from ragen_jax import distributed
-from ragen_jax.algos.presets import apply_overrides
+from ragen_jax.config import apply_overrides
 from ragen_jax.errors import UserInputError, read_json, reraised
 
 CONFIG_FILE = "config.json"

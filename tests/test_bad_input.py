@@ -21,7 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers
 from configs import base
 from ragen_jax import config as config_lib
 from ragen_jax import workdir
-from ragen_jax.algos.presets import apply_overrides
+from ragen_jax.config import apply_overrides
 from ragen_jax.errors import UserInputError
 from ragen_jax.models import hf, transformer
 from ragen_jax.models import tokenizer as tok_lib

@@ -14,7 +14,6 @@ import pytest
 from configs import base
 from ragen_jax import compile_cache
 from ragen_jax import config as config_lib
-from ragen_jax.algos import presets
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # small programs compiled in a fresh process; prints the folder enable() chose and JAX's persistent-cache hits
@@ -63,8 +62,8 @@ def test_auto_keeps_the_processes_own_folder_and_resolves_paths(tmp_path, monkey
 
 def test_a_file_is_refused(tmp_path):
     (tmp_path / "file").write_text("")
-    config = presets.apply_overrides(base.get_config(), {"logging.compilation_cache": str(tmp_path / "file")})
+    config = config_lib.apply_overrides(base.get_config(), {"logging.compilation_cache": str(tmp_path / "file")})
     with pytest.raises(config_lib.ConfigError, match="logging.compilation_cache .* not a file"):
         config_lib.validate(config, num_devices=8)
     for ok in ("auto", "", str(tmp_path), str(tmp_path / "new")):
-        config_lib.validate(presets.apply_overrides(config, {"logging.compilation_cache": ok}), num_devices=8)
+        config_lib.validate(config_lib.apply_overrides(config, {"logging.compilation_cache": ok}), num_devices=8)

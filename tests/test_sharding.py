@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 from configs import base
 from ragen_jax import sharding
-from ragen_jax.algos.presets import apply_overrides
+from ragen_jax.config import apply_overrides
 
 
 def test_mesh_shape_and_devices():

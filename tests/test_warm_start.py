@@ -23,7 +23,7 @@ TINY = {"env.name": "bandit", "rollout.max_turn": 1, "rollout.max_actions_per_tu
 
 
 def tiny(**overrides):
-    return presets.apply_overrides(presets.preset_config(base.get_config(), "grpo"), {**TINY, **overrides})
+    return config_lib.apply_overrides(presets.preset_config(base.get_config(), "grpo"), {**TINY, **overrides})
 
 
 def test_saved_warm_start_is_what_a_run_starts_from(tmp_path):

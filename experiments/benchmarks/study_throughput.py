@@ -39,7 +39,7 @@ from configs import frozen_lake
 from experiments.benchmarks._flops import forward_flops, matmul_reference, train_flops
 from experiments.benchmarks._goals import goals_met
 from ragen_jax import compile_cache
-from ragen_jax.algos.presets import apply_overrides
+from ragen_jax.config import apply_overrides
 from ragen_jax.train.host import Timed
 from ragen_jax.train.loop import make_validator
 from ragen_jax.train.step import PHASES

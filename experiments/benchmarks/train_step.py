@@ -22,7 +22,6 @@ import jax
 
 from configs import base
 from ragen_jax import config as config_lib
-from ragen_jax.algos import presets
 from ragen_jax.models import chat as chat_lib
 from ragen_jax.models import scripted
 from ragen_jax.models import tokenizer as tok_lib
@@ -47,7 +46,7 @@ def script(tokenizer) -> list[int]:
 
 def make_config(num_groups: int, group_size: int, max_turn: int, num_samples: int, collapse_every: int):
     """The base (PPO) config at the benchmark geometry; max_model_len holds `max_turn` full turns."""
-    config = presets.apply_overrides(base.get_config(), {
+    config = config_lib.apply_overrides(base.get_config(), {
         **MODEL, "env.name": "sokoban", "rollout.num_groups": num_groups, "rollout.group_size": group_size,
         "rollout.max_turn": max_turn, "rollout.response_length": RESPONSE, "diagnostics.num_samples": num_samples,
         "diagnostics.collapse_every": collapse_every})
@@ -57,7 +56,7 @@ def make_config(num_groups: int, group_size: int, max_turn: int, num_samples: in
                                            max_turn, env.max_actions_per_traj, RESPONSE, True)
     max_len = (len(turn_prompts.system_ids) + max_turn * (turn_prompts.chunk_capacity(env.obs_capacity) + RESPONSE)
                + len(turn_prompts.close_ids))
-    config = presets.apply_overrides(config, {"rollout.max_model_len": max_len,
+    config = config_lib.apply_overrides(config, {"rollout.max_model_len": max_len,
                                               "model.max_seq_len": max_len + RESPONSE})
     return config_lib.validate(config, num_devices=1)
 

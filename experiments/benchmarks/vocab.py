@@ -66,7 +66,7 @@ def measure(vocab: int, scorer: str, repeats: int) -> dict:
     from ragen_jax.train.step import Hyper, TrainStep
 
     overrides = {**MODEL, **GEOMETRY, "model.vocab_size": vocab}
-    config = presets.apply_overrides(presets.preset_config(base.get_config(), "grpo"), overrides)
+    config = config_lib.apply_overrides(presets.preset_config(base.get_config(), "grpo"), overrides)
     tokenizer = build_tokenizer(config)
     env, _ = build_env(config, tokenizer)
     r = config.rollout
@@ -74,7 +74,7 @@ def measure(vocab: int, scorer: str, repeats: int) -> dict:
                                    env.max_actions_per_traj, r.response_length, True)
     max_len = (len(turn.system_ids) + turn.chunk_capacity(env.obs_capacity) + r.response_length
                + len(turn.close_ids))
-    config = config_lib.validate(presets.apply_overrides(config, {
+    config = config_lib.validate(config_lib.apply_overrides(config, {
         "rollout.max_model_len": max_len, "model.max_seq_len": max_len + r.response_length}), num_devices=1)
     parts = build(config)
     train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)

@@ -13,7 +13,6 @@ from ragen_jax.algos.losses import (
 from ragen_jax.algos.presets import (
     ALGORITHM_PRESETS,
     FILTER_PRESETS,
-    apply_overrides,
     kl_overrides,
     preset_config,
 )
@@ -21,7 +20,6 @@ from ragen_jax.algos.presets import (
 __all__ = [
     "ALGORITHM_PRESETS",
     "FILTER_PRESETS",
-    "apply_overrides",
     "kl_overrides",
     "preset_config",
     "agg_loss",

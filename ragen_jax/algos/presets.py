@@ -1,7 +1,7 @@
 """Algorithm, filter and KL presets as overrides of the `configs/base.py` schema
 (docs/rewards_and_objectives.md#presets).
 
-A preset is a flat dict `{"algo.x": value, "filter.y": value}`; `apply_overrides` sets those keys on a
+A preset is a flat dict `{"algo.x": value, "filter.y": value}`; `config.apply_overrides` sets those keys on a
 copy of a (locked) config, so a key that does not exist fails loudly. `preset_config` combines an
 algorithm preset with a filter preset and a KL placement.
 
@@ -12,12 +12,11 @@ parity.
 """
 from __future__ import annotations
 
-import copy
-from typing import Any, Mapping
+from typing import Any
 
 import ml_collections
 
-from ragen_jax.config import ADV_ESTIMATORS, KL_ESTIMATORS, check_choice
+from ragen_jax.config import ADV_ESTIMATORS, KL_ESTIMATORS, apply_overrides, check_choice
 
 _COMMON = {
     "algo.clip_ratio_low": 0.2,
@@ -85,20 +84,6 @@ def kl_overrides(placement: str, coef: float = 0.001, estimator: str = "kl") -> 
         "algo.kl_coef": coef if reward else 0.0,
         "algo.kl_penalty": estimator,
     }
-
-
-def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """A copy of `config` with dotted keys set; an unknown key raises KeyError naming it."""
-    config = copy.deepcopy(config)
-    for dotted, value in overrides.items():
-        *parents, leaf = dotted.split(".")
-        node = config
-        for part in parents:
-            node = node[part]
-        if leaf not in node:
-            raise KeyError(f"config.{dotted} does not exist in the config schema")
-        node[leaf] = value
-    return config
 
 
 def preset_config(

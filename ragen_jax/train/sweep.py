@@ -42,7 +42,7 @@ from environments.pytrees import tree_select
 from ragen_jax import config as config_lib
 from ragen_jax import distributed, sharding
 from ragen_jax import metrics as metrics_lib
-from ragen_jax.algos.presets import apply_overrides
+from ragen_jax.config import apply_overrides
 from ragen_jax.train.build import build_env
 from ragen_jax.train.early_stops import EarlyStops
 from ragen_jax.train.loop import HostLoop

@@ -3,8 +3,8 @@ key and validated."""
 import pytest
 
 from configs.base import get_config
-from ragen_jax.algos.presets import ALGORITHM_PRESETS, apply_overrides, kl_overrides, preset_config
-from ragen_jax.config import ALGORITHMS, validate
+from ragen_jax.algos.presets import ALGORITHM_PRESETS, kl_overrides, preset_config
+from ragen_jax.config import ALGORITHMS, apply_overrides, validate
 
 # docs/rewards_and_objectives.md#presets: adv_estimator, norm by std, loss_agg_mode (clip 0.2 / 0.28 and KL off for all)
 TABLE = {

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from configs import base
+from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 from ragen_jax.config import ConfigError
 from ragen_jax.diagnostics.faithfulness import Faithfulness
@@ -23,7 +24,7 @@ WORDS = {-1: ("up", "left"), 0: ("same", "same"), 1: ("down", "right")}
 
 
 def config_with(**overrides):
-    return presets.apply_overrides(presets.preset_config(base.get_config(), "grpo"), {**SMALL, **overrides})
+    return config_lib.apply_overrides(presets.preset_config(base.get_config(), "grpo"), {**SMALL, **overrides})
 
 
 def observations(validator, parts) -> list[tuple[tuple[int, int], tuple[int, int]]]:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from configs import base
+from ragen_jax import config as config_lib
 from ragen_jax import sharding
-from ragen_jax.algos import presets
 from ragen_jax.train import sweep as sweep_lib
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.host import RunFiles
@@ -35,7 +35,7 @@ class State:
 
 
 def test_an_exception_mid_run_leaves_a_loadable_checkpoint_and_closed_files(tmp_path):
-    config = presets.apply_overrides(base.get_config(), {
+    config = config_lib.apply_overrides(base.get_config(), {
         "checkpoint.dir": str(tmp_path / "checkpoints"), "checkpoint.save_freq": 1, "logging.dir": str(tmp_path),
         "logging.tensorboard": False, "logging.progress_bar": True})
     fresh = State(step=jnp.array(0), w=jnp.zeros(3))
@@ -61,7 +61,7 @@ def test_an_exception_mid_run_leaves_a_loadable_checkpoint_and_closed_files(tmp_
 
 
 def test_progress_is_a_bar_with_the_step_postfix_on_a_terminal_and_one_line_per_step_elsewhere(tmp_path):
-    config = presets.apply_overrides(base.get_config(), {"env.name": "bandit", "train.total_steps": 4,
+    config = config_lib.apply_overrides(base.get_config(), {"env.name": "bandit", "train.total_steps": 4,
                                                          "logging.progress_bar": True})
     steps = [{"bandit/success": 0.5, "rollout/in_group_reward_std": 0.25, "rollout/filter_kept_ratio": 0.875,
               "collapse_first_turn_sample/mi_zscore": 1.5, "timing_s/step": 2.0},
@@ -106,7 +106,7 @@ class FailingSweep(sweep_lib.Sweep):
 
 
 def test_a_sweep_that_fails_mid_run_leaves_a_loadable_checkpoint_and_closed_files(tmp_path):
-    config = presets.apply_overrides(base.get_config(), {
+    config = config_lib.apply_overrides(base.get_config(), {
         "env.name": "bandit", "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
         "model.num_kv_heads": 1, "model.mlp_dim": 64, "train.sft_steps": 0, "train.total_steps": 3,
         "train.test_freq": 0, "logging.samples_every": 0, "mesh.sweep": 2, "checkpoint.save_freq": 1,

@@ -21,6 +21,7 @@ from environments.faithfulness import cell_fact, score
 from experiments import evaluate as evaluate_cli
 from experiments import report
 from experiments import train as train_cli
+from ragen_jax import config as config_lib
 from ragen_jax import distributed
 from ragen_jax.algos import presets
 from ragen_jax.train import sft, transcripts
@@ -43,7 +44,7 @@ WARM_START = sft.warm_start
 
 def config_for(run_dir: str, **overrides):
     config = presets.preset_config(base.get_config(), "grpo", filter="paper")
-    return presets.apply_overrides(config, {**TINY, "checkpoint.dir": os.path.join(run_dir, "ckpt"),
+    return config_lib.apply_overrides(config, {**TINY, "checkpoint.dir": os.path.join(run_dir, "ckpt"),
                                             "logging.dir": run_dir, **overrides})
 
 
@@ -241,9 +242,10 @@ def test_workdir_run_resumes_when_run_again_and_refuses_another_config(tmp_path,
     jax.clear_caches()  # as in a new process: the trace caches filled by the tests above would change the lowered
     # step (tests/conftest.py, fresh_jax_caches) and miss its compiled program in the cache
     config_file = tmp_path / "tiny.py"
-    config_file.write_text("from configs import base\nfrom ragen_jax.algos import presets\n\n\ndef get_config():\n"
+    config_file.write_text("from configs import base\nfrom ragen_jax import config as config_lib\n"
+                           "from ragen_jax.algos import presets\n\n\ndef get_config():\n"
                            "    config = presets.preset_config(base.get_config(), 'grpo', filter='paper')\n"
-                           f"    return presets.apply_overrides(config, {TINY!r})\n")
+                           f"    return config_lib.apply_overrides(config, {TINY!r})\n")
     run = str(tmp_path / "run")
     command = ["ragen-train", f"--config={config_file}", f"--workdir={run}", "--config.train.sft_steps=0",
                "--config.train.test_freq=0", "--config.train.total_steps=1"]

@@ -9,6 +9,7 @@ import pytest
 from configs import frozen_lake
 from experiments import memory as memory_cli
 from ragen_jax import config as cfg
+from ragen_jax import config as config_lib
 from ragen_jax.algos import presets as algo_presets
 from ragen_jax.models import presets
 from ragen_jax.train import memory
@@ -58,8 +59,8 @@ def test_rows_equal_the_sizes_computed_by_hand():
 
 
 def test_critic_and_reference_follow_the_algorithm():
-    grpo = algo_presets.apply_overrides(accelerator_config(), algo_presets.ALGORITHM_PRESETS["grpo"])
-    kl = algo_presets.apply_overrides(grpo, algo_presets.kl_overrides("loss", 0.001))
+    grpo = config_lib.apply_overrides(accelerator_config(), algo_presets.ALGORITHM_PRESETS["grpo"])
+    kl = config_lib.apply_overrides(grpo, algo_presets.kl_overrides("loss", 0.001))
     for config, critic, reference in ((grpo, False, False), (kl, False, True)):
         est = memory.estimate(cfg.validate(config, num_devices=1), presets.preset("qwen2.5-0.5b"), 1)
         names = set(rows(est))

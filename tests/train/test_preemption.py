@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from configs import base
+from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import train
@@ -36,9 +37,10 @@ KILLS = ("sft", "step", "checkpoint")  # the moment each process is killed at; a
 def config_file(folder) -> str:
     path = os.path.join(folder, "tiny.py")
     with open(path, "w", encoding="utf-8") as f:
-        f.write("from configs import base\nfrom ragen_jax.algos import presets\n\n\ndef get_config():\n"
+        f.write("from configs import base\nfrom ragen_jax import config as config_lib\n"
+                "from ragen_jax.algos import presets\n\n\ndef get_config():\n"
                 "    config = presets.preset_config(base.get_config(), 'grpo', filter='paper')\n"
-                f"    return presets.apply_overrides(config, {TINY!r})\n")
+                f"    return config_lib.apply_overrides(config, {TINY!r})\n")
     return path
 
 
@@ -81,7 +83,7 @@ def kill_at(process: subprocess.Popen, moment: str, checkpoints: str, rng: rando
 
 
 def test_sigkilled_runs_resume_to_the_uninterrupted_metrics(tmp_path):
-    expected_config = presets.apply_overrides(presets.preset_config(base.get_config(), "grpo", filter="paper"),
+    expected_config = config_lib.apply_overrides(presets.preset_config(base.get_config(), "grpo", filter="paper"),
                                               {**TINY, "logging.dir": str(tmp_path / "full"), "checkpoint.dir": ""})
     train(expected_config, log=None)  # compiles the programs into the shared cache
     expected = read_metrics(str(tmp_path / "full"))

@@ -32,7 +32,7 @@ OVERRIDES = {"env.name": "bandit", "tokenizer.kind": "qwen2.5", "tokenizer.chat_
 @pytest.fixture(scope="module")
 def stepped():
     """(parts, TrainStep, actor before, state after, metrics) of one compiled step from a random model."""
-    config = presets.apply_overrides(presets.preset_config(base.get_config(), "grpo"), OVERRIDES)
+    config = config_lib.apply_overrides(presets.preset_config(base.get_config(), "grpo"), OVERRIDES)
     config_lib.validate(config, num_devices=1)
     parts = build_lib.build(config)
     train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)

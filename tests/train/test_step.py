@@ -32,7 +32,7 @@ TINY = {"rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2,
 
 
 def build(algorithm: str, kl: str = "off", **overrides):
-    config = presets.apply_overrides(presets.preset_config(base.get_config(), algorithm, kl=kl),
+    config = config_lib.apply_overrides(presets.preset_config(base.get_config(), algorithm, kl=kl),
                                      {**TINY, **overrides})
     config_lib.validate(config, num_devices=1)  # the step runs on one device (no mesh yet)
     tokenizer = builtin()

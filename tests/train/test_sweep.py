@@ -40,7 +40,7 @@ NAMES = ["filter.value=1.0,train.seed=0",
 
 def config_for(run_dir: str, **overrides):
     config = presets.preset_config(base.get_config(), "grpo", filter="paper")
-    return presets.apply_overrides(config, {**TINY, "logging.dir": run_dir,
+    return config_lib.apply_overrides(config, {**TINY, "logging.dir": run_dir,
                                             "checkpoint.dir": os.path.join(run_dir, "ckpt") if run_dir else "",
                                             **overrides})
 

@@ -14,7 +14,6 @@ import environments
 from configs import base
 from ragen_jax import config as config_lib
 from ragen_jax import models
-from ragen_jax.algos import presets
 from ragen_jax.models import chat
 from ragen_jax.models.tokenizer import builtin
 from ragen_jax.rollout.metrics import rollout_metrics
@@ -32,7 +31,7 @@ TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size"
 
 @pytest.fixture(scope="module")
 def setup():
-    config = presets.apply_overrides(base.get_config(), TINY)
+    config = config_lib.apply_overrides(base.get_config(), TINY)
     config_lib.validate(config, num_devices=1)
     tokenizer = builtin()
     env, env_params = environments.make("frozen_lake", tokenizer)
