@@ -15,7 +15,8 @@ order: random draws are sharding-invariant (threefry is partitionable) and GSPMD
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextvars
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,8 @@ from environments.pytrees import tree_select
 
 MESH_AXES = ("sweep", "data", "fsdp")
 BATCH_AXES = ("data", "fsdp")
-SWEEP_AXIS = "sweep"  # also the vmap axis name of a vectorised sweep (`ragen_jax.train.sweep`)
+SWEEP_AXIS = "sweep"  # also the vmap axis name of a vectorised sweep (`vmap_members`)
+_TRACING_MEMBERS = contextvars.ContextVar("tracing_sweep_members", default=False)
 
 
 def mesh_shape(config, num_devices: int) -> tuple[int, int, int]:
@@ -74,19 +76,29 @@ def shard_batch(tree: Any, axis: int = 0) -> Any:
     return jax.tree.map(constrain, tree)
 
 
-def sweep_max(x: jax.Array) -> jax.Array:
-    """`x`'s maximum over the members of a vectorised sweep; `x` itself outside one.
+def vmap_members(fn: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
+    """`jax.vmap(fn)` over the members of a vectorised sweep: the vmap axis and the mesh axis it is split over are
+    both `SWEEP_AXIS`, and while `fn` traces, `sweep_max` (and what uses it) reduces over the members."""
+    def traced(*args):
+        marker = _TRACING_MEMBERS.set(True)
+        try:
+            return fn(*args)
+        finally:
+            _TRACING_MEMBERS.reset(marker)
 
-    Under `jax.vmap(..., axis_name="sweep")` a branch index or loop condition that differs per member turns
-    `lax.switch` / `lax.cond` into computing every branch and `lax.while_loop` into selecting the whole carry each
-    iteration. Taking the maximum over members makes it one value (vmap keeps real branches and loops); callers
-    must make the wider choice correct for every member (e.g. a wider padding tier, extra no-op loop iterations,
-    or a per-member select inside the branch).
+    return jax.vmap(traced, in_axes=in_axes, out_axes=out_axes, axis_name=SWEEP_AXIS, spmd_axis_name=SWEEP_AXIS)
+
+
+def sweep_max(x: jax.Array) -> jax.Array:
+    """`x`'s maximum over the members of a vectorised sweep (`vmap_members`); `x` itself outside one.
+
+    Under a vmap a branch index or loop condition that differs per member turns `lax.switch` / `lax.cond` into
+    computing every branch and `lax.while_loop` into selecting the whole carry each iteration. Taking the maximum
+    over members makes it one value (vmap keeps real branches and loops); callers must make the wider choice correct
+    for every member (e.g. a wider padding tier, extra no-op loop iterations, or a per-member select inside the
+    branch).
     """
-    try:
-        return jax.lax.pmax(x, SWEEP_AXIS)
-    except NameError:  # not inside a sweep's vmap
-        return x
+    return jax.lax.pmax(x, SWEEP_AXIS) if _TRACING_MEMBERS.get() else x
 
 
 def sweep_any(pred: jax.Array) -> jax.Array:

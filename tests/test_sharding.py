@@ -43,12 +43,14 @@ def test_sweep_helpers_keep_real_branches_under_a_sweep_vmap():
         return jax.lax.cond(sharding.sweep_any(x > 0), lambda v: v * 2, lambda v: v, x), sharding.sweep_max(x)
 
     xs = jnp.array([-1.0, 3.0])
-    jaxpr = str(jax.make_jaxpr(jax.vmap(f, axis_name=sharding.SWEEP_AXIS))(xs))
+    jaxpr = str(jax.make_jaxpr(sharding.vmap_members(f))(xs))
     assert "cond[" in jaxpr and "pmax" in jaxpr  # one branch taken for all members, not a select of both
-    doubled, top = jax.vmap(f, axis_name=sharding.SWEEP_AXIS)(xs)
+    doubled, top = sharding.vmap_members(f)(xs)
     np.testing.assert_array_equal(doubled, [-2.0, 6.0])  # the branch runs for every member once any needs it
     np.testing.assert_array_equal(top, [3.0, 3.0])
     assert "pmax" not in str(jax.make_jaxpr(jax.vmap(f))(xs))  # another vmap: no sweep axis, plain per-member
+    # a vmap that merely names its axis "sweep" is not a sweep's: only vmap_members marks one
+    assert "pmax" not in str(jax.make_jaxpr(jax.vmap(f, axis_name=sharding.SWEEP_AXIS))(xs))
     np.testing.assert_array_equal(f(jnp.float32(-1.0))[0], -1.0)  # outside a sweep: the value itself
 
 
@@ -57,10 +59,10 @@ def test_sweep_cond_is_one_branch_with_per_member_results():
         return sharding.sweep_cond(x > 0, lambda v: v * 2, lambda v: -v, x)
 
     xs = jnp.array([-1.0, 3.0])
-    jaxpr = str(jax.make_jaxpr(jax.vmap(f, axis_name=sharding.SWEEP_AXIS))(xs))
+    jaxpr = str(jax.make_jaxpr(sharding.vmap_members(f))(xs))
     assert "cond[" in jaxpr
-    np.testing.assert_array_equal(jax.vmap(f, axis_name=sharding.SWEEP_AXIS)(xs), [1.0, 6.0])  # each its own branch
-    np.testing.assert_array_equal(jax.vmap(f, axis_name=sharding.SWEEP_AXIS)(jnp.array([-1.0, -3.0])), [1.0, 3.0])
+    np.testing.assert_array_equal(sharding.vmap_members(f)(xs), [1.0, 6.0])  # each its own branch
+    np.testing.assert_array_equal(sharding.vmap_members(f)(jnp.array([-1.0, -3.0])), [1.0, 3.0])
     assert float(f(jnp.float32(2.0))) == 4.0 and float(f(jnp.float32(-2.0))) == 2.0  # outside a sweep: a plain cond
 
 
@@ -72,7 +74,7 @@ def test_tiered_runs_the_narrowest_width_holding_every_member():
     widths, sums = jax.vmap(f)(jnp.array([3, 6]), rows)  # another vmap: each member its own width
     np.testing.assert_array_equal(widths, [4, 8])
     np.testing.assert_array_equal(sums, [rows[0, :4].sum(), rows[1, :8].sum()])
-    swept = jax.vmap(f, axis_name=sharding.SWEEP_AXIS)
+    swept = sharding.vmap_members(f)
     assert "cond[" in str(jax.make_jaxpr(swept)(jnp.array([3, 6]), rows))
     np.testing.assert_array_equal(swept(jnp.array([3, 6]), rows)[0], [8, 8])  # a sweep: the widest member's width
     assert int(f(jnp.int32(9), rows[0])[0]) == 12 and int(f(jnp.int32(20), rows[0])[0]) == 12  # past the last: last

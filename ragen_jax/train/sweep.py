@@ -6,12 +6,12 @@ design rule 3).
 
 Each member is `config` with its overrides (keys from `SWEEPABLE`: values that live in the step's `Hyper`, the env's
 params, the seed, or the host-side early-stop rules). The members' Hypers, step keys and TrainStates are stacked
-along a leading axis, the step is `jax.vmap`-ed over it with `spmd_axis_name="sweep"`, and the mesh's `sweep` axis
-splits the members over devices (`mesh.sweep` must divide S; data x fsdp split each member's batch as in a single
-run). With `mesh.sweep_loop_phases` (members on one device) the phases it names run member after member in the same
-program instead (`Sweep.over_members`, `lax.map`). Member i computes exactly what `train(member_config)` would (up to float reduction order): same initial
-parameters (the SFT warm start runs once per distinct seed), same keys, so members with equal seeds see common random
-numbers. The host loop is the single run's (`train.loop.HostLoop`); `Sweep` gives it the stacked layout.
+along a leading axis, the step is vmapped over it (`sharding.vmap_members`: vmap axis and `spmd_axis_name` "sweep"),
+and the mesh's `sweep` axis splits the members over devices (`mesh.sweep` must divide S; data x fsdp split each
+member's batch as in a single run). With `mesh.sweep_loop_phases` (members on one device) the phases it names run
+member after member in the same program instead (`Sweep.over_members`, `lax.map`). Member i computes exactly what
+`train(member_config)` would (up to float reduction order): same initial parameters (the SFT warm start runs once per
+distinct seed), same keys, so members with equal seeds see common random numbers. The host loop is the single run's (`train.loop.HostLoop`); `Sweep` gives it the stacked layout.
 
 Differences from S separate runs, by construction of vmap: the step counter is shared (all members run
 `train.total_steps` unless stopped); a branch that some member takes runs for all and is discarded for the others by
@@ -191,8 +191,7 @@ class Sweep(HostLoop):
                 held = jax.vmap(tree_select)(stopped, state.replace(step=None), new_state.replace(step=None))
                 return held.replace(step=new_state.step), metrics, sample
         else:
-            stepped = jax.vmap(self.member_step, in_axes=(axes, 0, hyper_axes, 0), out_axes=(axes, 0, 0),
-                               axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS)
+            stepped = sharding.vmap_members(self.member_step, in_axes=(axes, 0, hyper_axes, 0), out_axes=(axes, 0, 0))
         state_sharding, replicated = self.state_sharding(abstract_state), sharding.replicated(self.mesh)
         members = self._members_sharding()
         # metrics (a few scalars per member) and samples (a few rows per member): replicated, every process can read
@@ -220,8 +219,7 @@ class Sweep(HostLoop):
             operands = (state, key, hyper, *inputs)
             if name not in self.loop_phases:
                 out_axes = (axes, 0) if name == "update" else 0
-                return jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=sharding.SWEEP_AXIS,
-                                spmd_axis_name=sharding.SWEEP_AXIS)(*operands)
+                return sharding.vmap_members(fn, in_axes=in_axes, out_axes=out_axes)(*operands)
             out = jax.lax.map(lambda i: fn(*member_of(operands, in_axes, i)), jnp.arange(self.size))
             if name == "update":
                 new_state, metrics = out
@@ -264,8 +262,7 @@ class Sweep(HostLoop):
         return *self._step_inputs, jax.device_put(np.array(stopped), self._members_sharding())
 
     def validate_fn(self, validate):
-        return jax.jit(jax.vmap(validate, axis_name=sharding.SWEEP_AXIS, spmd_axis_name=sharding.SWEEP_AXIS),
-                       out_shardings=sharding.replicated(self.mesh))
+        return jax.jit(sharding.vmap_members(validate), out_shardings=sharding.replicated(self.mesh))
 
     def checkpoint_extra(self, stops: list[EarlyStops], fired: list[dict], rows: dict[int, dict]) -> dict:
         return {"early_stop": [s.to_json() for s in stops], "fired": fired, "members": self.names}
