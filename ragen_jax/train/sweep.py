@@ -11,7 +11,8 @@ and the mesh's `sweep` axis splits the members over devices (`mesh.sweep` must d
 member's batch as in a single run). With `mesh.sweep_loop_phases` (members on one device) the phases it names run
 member after member in the same program instead (`Sweep.over_members`, `lax.map`). Member i computes exactly what
 `train(member_config)` would (up to float reduction order): same initial parameters (the SFT warm start runs once per
-distinct seed), same keys, so members with equal seeds see common random numbers. The host loop is the single run's (`train.loop.HostLoop`); `Sweep` gives it the stacked layout.
+distinct seed), same keys, so members with equal seeds see common random numbers. The host loop is the single run's
+(`train.loop.HostLoop`); `Sweep` gives it the stacked layout.
 
 Differences from S separate runs, by construction of vmap: the step counter is shared (all members run
 `train.total_steps` unless stopped); a branch that some member takes runs for all and is discarded for the others by
