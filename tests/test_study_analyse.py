@@ -141,7 +141,8 @@ def test_template_collapse_verdicts():
 # ----------------------------------------------------------------------------------------- gradient_buckets
 def write_bucket_member(folder: str, seed: int, task_slope: float) -> list[dict]:
     """A run analysed at steps 1, 6 and 11 (step 1 is skipped): bucket b has reward std b - 1 (+ a seed wobble), task
-    norm task_slope x std + 1, a KL norm flat around 2 and an entropy norm rising from 1 to 2.5."""
+    norm task_slope x std + 1, a KL norm flat around 2 and an entropy norm rising from 1 to 2.5; the other steps carry
+    the analysis keys as NaN, as a sweep logs them."""
     member = os.path.join(folder, f"train.seed={seed}")
     os.makedirs(member)
     units = []
@@ -156,6 +157,9 @@ def write_bucket_member(folder: str, seed: int, task_slope: float) -> list[dict]
                     row.update({f"grad_norm/bucket_{b + 1}/reward_std_mean": rv[b],
                                 **{f"grad_norm/bucket_{b + 1}/{c}": unit[c][b] for c in ("task", "kl", "entropy")}})
                 units += [unit] if step > 1 else []
+            else:
+                row.update({key: float("nan") for b in range(6) for key in
+                            (f"grad_norm/bucket_{b + 1}/{c}" for c in ("reward_std_mean", "task", "kl", "entropy"))})
             f.write(json.dumps(row) + "\n")
     return units
 
@@ -189,6 +193,8 @@ def test_gradient_bucket_slope_and_verdicts():
     assert gradient_buckets.verdict(0.2, 0.01, True) == "reproduced"
     assert gradient_buckets.verdict(-0.2, 0.01, True) == "reversed"
     assert gradient_buckets.verdict(0.2, 0.2, True) == "not reproduced here, with this power"
+    with pytest.raises(ValueError, match="step 6: no gradient analysis"):
+        gradient_buckets.analyses([{"step": 1}, {"step": 6}])
 
 
 # ----------------------------------------------------------------------------------------- diagnostics_vs_success

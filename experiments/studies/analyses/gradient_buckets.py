@@ -20,7 +20,9 @@ NUM_BUCKETS = 6
 FLAT_SPREAD = 0.5  # a regulariser is flat when its median relative spread is at most this ...
 FLAT_FRACTION = 0.5  # ... and at most this fraction of the task component's median relative spread
 ALPHA = 0.05
-SKIPPED_STEP = 1  # the policy equals the KL reference at step 1, so the KL component is exactly zero there
+# the protocol's units: the analyses at steps 6, 11, ..., 36 (the one at step 1 is left out: the policy equals the KL
+# reference there, so the KL component is exactly zero); a sweep logs the analysis keys as NaN on the other steps
+ANALYSED_STEPS = range(6, 37, 5)
 
 
 def key(bucket: int, stat: str) -> str:
@@ -28,12 +30,14 @@ def key(bucket: int, stat: str) -> str:
 
 
 def analyses(rows: list[dict]) -> list[dict[str, np.ndarray]]:
-    """One dict per analysed step of a run after SKIPPED_STEP: "rv" f64[buckets] (mean reward std) and each
-    component's norms."""
+    """One dict per row of ANALYSED_STEPS in a run: "rv" f64[buckets] (mean reward std) and each component's norms;
+    ValueError when such a row lacks the analysis or has an empty bucket."""
     out = []
     for row in rows:
-        if key(1, "task") not in row or row["step"] == SKIPPED_STEP:
+        if row["step"] not in ANALYSED_STEPS:
             continue
+        if key(1, "task") not in row:
+            raise ValueError(f"step {row['step']}: no gradient analysis")
         buckets = range(1, NUM_BUCKETS + 1)
         unit = {"rv": np.array([row[key(b, "reward_std_mean")] for b in buckets], np.float64)}
         unit.update({c: np.array([row[key(b, c)] for b in buckets], np.float64) for c in COMPONENTS})
