@@ -1,4 +1,4 @@
-"""Algorithm, filter and KL presets as overrides of the `configs/base.py` schema
+"""Algorithm, filter and KL presets as overrides of the `ragen_jax/defaults.py` schema
 (docs/rewards_and_objectives.md#presets).
 
 A preset is a flat dict `{"algo.x": value, "filter.y": value}`; `config.apply_overrides` sets those keys on a

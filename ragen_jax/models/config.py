@@ -1,7 +1,7 @@
 """`ModelConfig`: the static shape and numerics of a decoder LM (Qwen2 / Llama-3 family).
 
 A frozen (hashable) dataclass, so it can be a static argument of `jax.jit`. Build it directly, from the
-`model` section of `configs/base.py` with `ModelConfig.from_config`, or from a HF `config.json` (see
+`model` section of `ragen_jax/defaults.py` with `ModelConfig.from_config`, or from a HF `config.json` (see
 `ragen_jax.models.hf`).
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ class ModelConfig:
 
     @classmethod
     def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
-        """Builds the config from the `model` section of `configs/base.py`.
+        """Builds the config from the `model` section of `ragen_jax/defaults.py`.
 
         `vocab_size` is the tokenizer's vocabulary size, used when `model.vocab_size == 0`; a nonzero
         `model.vocab_size` smaller than it is an error (token ids would fall outside the embedding).

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import environments
-from configs import base
+from ragen_jax import defaults as config_defaults
 from ragen_jax.config import ConfigError, check_choice
 from ragen_jax.errors import UserInputError, reraised
 from ragen_jax.models import chat as chat_lib
@@ -90,7 +90,7 @@ def build_model_config(config, tokenizer) -> ModelConfig:
     `model.preset` (ragen_jax/models/presets.py), else the `model` sizes.
 
     A preset and explicit sizes never silently disagree: each key of `presets.ARCHITECTURE_KEYS` must be left at
-    its `configs/base.py` default (which counts as unset, so setting a key explicitly to that default cannot be
+    its `ragen_jax/defaults.py` default (which counts as unset, so setting a key explicitly to that default cannot be
     told apart) or equal the preset's value; any other value is a ConfigError naming the key. `model.max_seq_len`
     left at its default becomes the preset's max positions (32,768); set, it may only narrow them.
     `model.compute_dtype` and `model.init_seed` apply to a preset as to any model.
@@ -112,7 +112,7 @@ def build_model_config(config, tokenizer) -> ModelConfig:
 
 def _preset_config(m) -> ModelConfig:
     model_config = presets.preset(m.preset, m.compute_dtype)
-    defaults = base.get_config().model
+    defaults = config_defaults.get_config().model
     for key in presets.ARCHITECTURE_KEYS:
         value, fixed = m[key], getattr(model_config, key)
         if value != defaults[key] and value != fixed:

@@ -133,7 +133,7 @@ def estimate(config, model_config: ModelConfig, num_devices: int) -> Estimate:
     """The memory rows of one training step of `config` with policy `model_config` on `num_devices` devices.
 
     Args:
-      config: a `configs/base.py` config, validated for `num_devices` (its mesh resolves against them).
+      config: a `ragen_jax/defaults.py` config, validated for `num_devices` (its mesh resolves against them).
       model_config: the policy's shapes, e.g. `ragen_jax.train.build.build_model_config(config, tokenizer)`, of the
         `model.arch` architecture.
       num_devices: devices the mesh spans (`mesh.data = -1` takes all of them after fsdp and sweep).

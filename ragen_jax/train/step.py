@@ -98,7 +98,7 @@ class TrainStep:
     """The static structure of a step, built once from the config; calling it runs one step (jit it).
 
     Args:
-      config: a `configs/base.py` config checked by `ragen_jax.config.validate` (e.g. minibatches dividing the
+      config: a `ragen_jax/defaults.py` config checked by `ragen_jax.config.validate` (e.g. minibatches dividing the
         batch); env, tokenizer: the environment and its tokenizer;
       model_config: the policy's ModelConfig, built as the `model.arch` architecture (`models.lm.make`) into the
         step's `model`; chat_format: a `ragen_jax.models.chat.ChatFormat`.

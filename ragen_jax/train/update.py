@@ -76,7 +76,7 @@ class UpdateConfig:
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict, **overrides) -> "UpdateConfig":
-        """Actor and critic share these keys of `configs/base.py` (algo.*, optim.*)."""
+        """Actor and critic share these keys of `ragen_jax/defaults.py` (algo.*, optim.*)."""
         a, o = config.algo, config.optim
         fields = dict(epochs=a.ppo_epochs, minibatch_size=a.ppo_mini_batch_size,
                       micro_batch_size=a.ppo_micro_batch_size or None, loss_agg_mode=a.loss_agg_mode,

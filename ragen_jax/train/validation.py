@@ -71,7 +71,7 @@ class Validator:
     response length, buffer length, top-k, format penalty) is the training rollout's (`train.step.TrainStep`).
 
     Args:
-      config: a validated `configs/base.py` config; env, tokenizer: the environment and its tokenizer;
+      config: a validated `ragen_jax/defaults.py` config; env, tokenizer: the environment and its tokenizer;
       model_config: the policy's ModelConfig, built as the `model.arch` architecture (`models.lm.make`);
       chat_format: a `ragen_jax.models.chat.ChatFormat`.
     """
