@@ -14,9 +14,9 @@ restates the coordinates and says on which side of the player the goal lies on e
 3 to 3: same"), but its move is a coin flip (probability of the right move 0.27 on held-out demonstrations, 0.25 is
 chance). What RL has to learn is to act on its own reasoning. It trains 80 steps with a KL loss to the warm start
 (`low_var_kl`, 0.5), which keeps the reasoning true to the input, and no filter. experiments/results/README.md has
-the log and the per-seed results. Remade by the two commands below (1650 SFT steps at about 0.36 s each on 2 free CPU cores; not
-run as written here: the shipped one was made by a probe loop with the same settings and other demonstration keys,
-so a remake is equivalent, not bit-identical):
+the log and the per-seed results. Remade by the two commands below (1650 SFT steps; not run as written here: the
+shipped one was made by a probe loop with the same settings and other demonstration keys, so a remake is equivalent,
+not bit-identical):
 
     .venv/bin/python experiments/warm_start.py --config=configs/frozen_lake.py:tiny --config.model.pretrained_path= \\
         --config.train.sft_steps=1500 --config.train.sft_oracle_prob=1.0 --out=/tmp/frozen_lake_q1

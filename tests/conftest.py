@@ -55,9 +55,9 @@ HEAVY_FILES = ("train/test_loop.py", "train/test_step.py", "train/test_sweep.py"
 def fresh_jax_caches():
     """Each test file starts with empty in-memory JAX caches, as when run alone. A worker that has run other files
     has filled JAX's LRU trace caches; they then evict mid-trace and a big program lowers with some nested functions
-    duplicated: a different module, which misses the compilation cache above and compiles again (measured: the
-    resumed sweep's validator, the workdir run's step in train/test_loop.py, ~30-45 s each). Compiled programs stay
-    in the persistent cache."""
+    duplicated: a different module, which misses the compilation cache above and compiles again (e.g. the resumed
+    sweep's validator, the workdir run's step in train/test_loop.py). Compiled programs stay in the persistent
+    cache."""
     jax.clear_caches()
 
 

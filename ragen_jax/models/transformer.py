@@ -141,7 +141,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 def _dense(x: jax.Array, p: Params) -> jax.Array:
-    # a 2-D matmul: XLA:CPU runs the backward of a [B, T, D] x [D, F] contraction ~2x slower (extra transposes)
+    # a 2-D matmul: XLA:CPU's backward of a [B, T, D] x [D, F] contraction adds transposes
     kernel = p["kernel"].astype(x.dtype)
     y = (x.reshape(-1, x.shape[-1]) @ kernel).reshape(*x.shape[:-1], kernel.shape[-1])
     return y + p["bias"].astype(x.dtype) if "bias" in p else y
@@ -237,8 +237,7 @@ def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: ja
     its own rows of the buffers:
     XLA:CPU materialises the [rows, heads, T, width] scores (for one-token decode, a [rows, heads, width, hd]
     product) and passes over them several times, and a block that stays in a core's cache makes those passes
-    several times faster (measured with the tiny models here: 256 new tokens over 2048 cached slots, 128 rows,
-    1.67 s -> 0.28 s; one-token decode over 2048 slots 28.7 -> 11.8 ms). Only the blocks holding rows with new
+    several times faster (docs/performance.md#cache-sized-attention-blocks). Only the blocks holding rows with new
     tokens run (rows whose episode or response has ended are skipped). A sharded batch or an accelerator reads the
     whole batch in one pass.
     """

@@ -9,9 +9,9 @@ is XLA compilation, so:
 * `jit` compiles with `FAST_COMPILE`: XLA CPU's elemental IR emitters instead of its newer fusion emitters,
   and LLVM optimisation level 0. Both only change how the optimised HLO becomes machine code, i.e. how
   fast a program runs, not what it computes (which is what these tests check). An env step then compiles
-  in about a quarter of the CPU time (e.g. 1.3 s instead of 6 s) and runs 5-8x slower, which small test
-  batches afford. Programs the library jits itself (e.g. `render_text`) and other test modules keep the
-  defaults, so the default code path stays covered.
+  several times faster and runs several times slower, which small test batches afford. Programs the library
+  jits itself (e.g. `render_text`) and other test modules keep the defaults, so the default code path stays
+  covered.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from environments import arithmetic, countdown
 from environments.datasets import instance_index
 
 FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
-# LLVM O1: about twice the compile time of O0, programs about 8x faster; pays off for a step doing much work per row
+# LLVM O1: a longer compile than O0 for a much faster program; pays off for a step doing much work per row
 # (Countdown's expression evaluator) over thousands of rows.
 FAST_RUN = {**FAST_COMPILE, "xla_backend_optimization_level": 1}
 

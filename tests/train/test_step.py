@@ -145,8 +145,8 @@ def test_ppo_with_kl_loss_trains_the_critic_warms_up_and_analyses_a_separate_bat
 
 def test_phase_timings_give_the_one_program_step_and_its_training_transcripts(grpo):
     """`logging.phase_timings` (train/phases.py): the four phases as separate programs give the one-program step's
-    metrics and new state (bit for bit here, measured; asserted to float32 rounding, as XLA may fuse the separate
-    programs differently), and time each phase. The rollout phase's transcripts of the training batch decode to the
+    metrics and new state (asserted to float32 rounding, as XLA may fuse the separate programs differently), and time
+    each phase. The rollout phase's transcripts of the training batch decode to the
     text of its trajectories and carry their rewards and success: here the whole batch (B = 4 = transcripts.COUNT),
     so their means are the step's metrics."""
     train_step, step, state0, hyper, _ = grpo
