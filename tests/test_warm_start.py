@@ -13,13 +13,12 @@ from ragen_jax.algos import presets
 from ragen_jax.train.build import build
 from ragen_jax.train.loop import initial_params, run_keys
 from ragen_jax.train.step import TrainStep
+from tests.tiny import TINY_BATCH, TINY_MODEL
 
-TINY = {"env.name": "bandit", "rollout.max_turn": 1, "rollout.max_actions_per_turn": 1,
-        "rollout.max_actions_per_traj": 1, "rollout.num_groups": 2, "rollout.group_size": 2,
-        "rollout.response_length": 16, "rollout.max_model_len": 704, "model.max_seq_len": 720,
-        "algo.ppo_mini_batch_size": 2, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
-        "model.num_kv_heads": 1, "model.mlp_dim": 64, "train.sft_steps": 2, "train.sft_batch_size": 2,
-        "train.sft_oracle_prob": 0.0, "mesh.data": 1, "mesh.fsdp": 1}
+TINY = {"env.name": "bandit", **TINY_BATCH, "rollout.max_turn": 1, "rollout.max_actions_per_turn": 1,
+        "rollout.max_actions_per_traj": 1, "rollout.max_model_len": 704, **TINY_MODEL, "model.max_seq_len": 720,
+        "train.sft_steps": 2, "train.sft_batch_size": 2, "train.sft_oracle_prob": 0.0, "mesh.data": 1,
+        "mesh.fsdp": 1}
 
 
 def tiny(**overrides):

@@ -28,15 +28,12 @@ from ragen_jax.train import sft, transcripts
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import run_keys, train
 from ragen_jax.train.metrics import read_metrics
+from tests.tiny import TINY_FROZEN_LAKE
 
-TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2,
-        "rollout.response_length": 16, "rollout.max_model_len": 1024, "algo.ppo_mini_batch_size": 2,
-        "diagnostics.num_samples": 4, "diagnostics.score_width_tiers": 1, "algo.score_width_tiers": 1,
-        "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
-        "model.num_kv_heads": 1, "model.mlp_dim": 64, "model.max_seq_len": 1040, "train.sft_steps": 3,
-        "train.sft_batch_size": 2,
-        "train.total_steps": 2, "checkpoint.save_freq": 1, "logging.tensorboard": False,
-        "rollout.val_num_groups": 2, "train.test_freq": 2, "mesh.data": 2,  # 2 devices: each holds half the batch
+TINY = {**TINY_FROZEN_LAKE, "diagnostics.num_samples": 4, "diagnostics.score_width_tiers": 1,
+        "algo.score_width_tiers": 1, "train.sft_steps": 3, "train.sft_batch_size": 2, "train.total_steps": 2,
+        "checkpoint.save_freq": 1, "logging.tensorboard": False, "rollout.val_num_groups": 2, "train.test_freq": 2,
+        "mesh.data": 2,  # 2 devices: each holds half the batch
         "logging.samples_every": 0}
 TIMED = ("timing_s/", "perf/generated_tokens_per_s")  # the metrics that depend on the machine's speed
 WARM_START = sft.warm_start

@@ -22,14 +22,15 @@ from ragen_jax.algos import presets
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import train
 from ragen_jax.train.metrics import read_metrics
+from tests.tiny import TINY_BATCH, TINY_MODEL
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = {"env.name": "bandit", "rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 1,
-        "rollout.max_actions_per_turn": 1, "rollout.response_length": 16, "rollout.max_model_len": 720,
-        "algo.score_width_tiers": 1, "algo.ppo_mini_batch_size": 2, "diagnostics.collapse_every": 0,
-        "model.d_model": 16, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1, "model.mlp_dim": 32, "model.max_seq_len": 736,
-        "train.sft_steps": 12, "optim.actor_lr": 1e-2, "train.sft_batch_size": 2, "train.total_steps": 10, "train.test_freq": 0,
-        "checkpoint.save_freq": 1, "logging.tensorboard": False, "logging.samples_every": 0, "mesh.data": 1}
+TINY = {"env.name": "bandit", **TINY_BATCH, "rollout.max_turn": 1, "rollout.max_actions_per_turn": 1,
+        "rollout.max_model_len": 720, "algo.score_width_tiers": 1, "diagnostics.collapse_every": 0,
+        **TINY_MODEL, "model.d_model": 16, "model.mlp_dim": 32, "model.max_seq_len": 736,  # half the usual width
+        "train.sft_steps": 12, "optim.actor_lr": 1e-2, "train.sft_batch_size": 2, "train.total_steps": 10,
+        "train.test_freq": 0, "checkpoint.save_freq": 1, "logging.tensorboard": False, "logging.samples_every": 0,
+        "mesh.data": 1}
 TIMED = ("timing_s/", "perf/")  # the metrics that depend on the machine's speed
 KILLS = ("sft", "step", "checkpoint")  # the moment each process is killed at; a final process then runs to the end
 

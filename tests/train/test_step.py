@@ -21,14 +21,14 @@ from ragen_jax.models import chat
 from ragen_jax.models.tokenizer import builtin
 from ragen_jax.train import transcripts
 from ragen_jax.train.phases import PhasedStep
-from ragen_jax.train.step import PHASES, Hyper, TrainStep
+from ragen_jax.train.hyper import Hyper
+from ragen_jax.train.step import PHASES, TrainStep
 from tests.guards import no_network
 from tests.rollout.helpers import scripted_params
+from tests.tiny import TINY_FROZEN_LAKE
 
-TINY = {"rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2, "rollout.response_length": 16,
-        "rollout.max_model_len": 1024, "algo.ppo_mini_batch_size": 2, "diagnostics.num_samples": 4, "diagnostics.score_width_tiers": 1,
-        "algo.score_width_tiers": 1, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1, "model.mlp_dim": 64,
-        "model.max_seq_len": 1040, "model.tie_embeddings": False, "env.name": "frozen_lake", "optim.actor_lr": 1e-2, "optim.critic_lr": 1e-2}
+TINY = {**TINY_FROZEN_LAKE, "diagnostics.num_samples": 4, "diagnostics.score_width_tiers": 1,
+        "algo.score_width_tiers": 1, "model.tie_embeddings": False, "optim.actor_lr": 1e-2, "optim.critic_lr": 1e-2}
 
 
 def build(algorithm: str, kl: str = "off", **overrides):

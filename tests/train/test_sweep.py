@@ -19,14 +19,12 @@ from ragen_jax.algos import presets
 from ragen_jax.train import sweep as sweep_lib
 from ragen_jax.train import transcripts
 from ragen_jax.train.metrics import read_metrics
+from tests.tiny import TINY_FROZEN_LAKE
 
-TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2,
-        "rollout.response_length": 16, "rollout.max_model_len": 1024, "algo.ppo_mini_batch_size": 2,
-        "diagnostics.num_samples": 4, "diagnostics.score_width_tiers": 1, "algo.score_width_tiers": 2,
-        "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
-        "model.num_kv_heads": 1, "model.mlp_dim": 64, "model.max_seq_len": 1040, "train.sft_steps": 0,
-        "train.total_steps": 2, "logging.tensorboard": False, "rollout.val_num_groups": 2, "train.test_freq": 1,
-        "mesh.sweep": 2, "mesh.data": 2, "mesh.fsdp": 2, "logging.samples_every": 1}
+TINY = {**TINY_FROZEN_LAKE, "diagnostics.num_samples": 4, "diagnostics.score_width_tiers": 1,
+        "algo.score_width_tiers": 2, "train.sft_steps": 0, "train.total_steps": 2, "logging.tensorboard": False,
+        "rollout.val_num_groups": 2, "train.test_freq": 1, "mesh.sweep": 2, "mesh.data": 2, "mesh.fsdp": 2,
+        "logging.samples_every": 1}
 CHECKPOINTS = {"checkpoint.save_freq": 1, "checkpoint.resume": False}
 TIMED = ("timing_s/", "perf/generated_tokens_per_s")  # the metrics that depend on the machine's speed
 # member 1's success is below a floor of 1.0 at the validations of steps 0 and 1: with patience 2 it stops at step 1

@@ -20,13 +20,11 @@ from ragen_jax.rollout.metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.train.validation import Validator, should_validate, success_keys
 from tests.rollout.helpers import scripted_params
+from tests.tiny import TINY_FROZEN_LAKE
 
 VAL_GROUPS, VAL_SEED, VAL_TEMPERATURE = 3, 7, 0.5
-TINY = {"env.name": "frozen_lake", "rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turn": 2,
-        "rollout.response_length": 16, "rollout.max_model_len": 1024, "rollout.val_num_groups": VAL_GROUPS,
-        "rollout.val_group_size": 1, "rollout.val_seed": VAL_SEED, "rollout.val_temperature": VAL_TEMPERATURE,
-        "algo.ppo_mini_batch_size": 2, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
-        "model.num_kv_heads": 1, "model.mlp_dim": 64, "model.max_seq_len": 1040, "model.tie_embeddings": False}
+TINY = {**TINY_FROZEN_LAKE, "rollout.val_num_groups": VAL_GROUPS, "rollout.val_group_size": 1,
+        "rollout.val_seed": VAL_SEED, "rollout.val_temperature": VAL_TEMPERATURE, "model.tie_embeddings": False}
 
 
 @pytest.fixture(scope="module")
