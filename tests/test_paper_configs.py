@@ -11,7 +11,8 @@ import pytest
 from configs import paper
 from ragen_jax import config as config_lib
 from ragen_jax.config import apply_overrides
-from ragen_jax.train.sweep import SWEEPABLE, grid
+from ragen_jax.train.hyper import SWEEPABLE
+from ragen_jax.train.sweep import grid
 
 PATHS = {"tokenizer.path": "/models/q/tokenizer.json", "model.pretrained_path": "/models/q"}
 

@@ -27,7 +27,8 @@ from ragen_jax.models import scripted
 from ragen_jax.models import tokenizer as tok_lib
 from ragen_jax.rollout import prompts as prompts_lib
 from ragen_jax.train.build import build, build_env, build_tokenizer
-from ragen_jax.train.step import Hyper, TrainStep
+from ragen_jax.train.hyper import Hyper
+from ragen_jax.train.step import TrainStep
 
 MODEL = {"model.d_model": 128, "model.num_layers": 4, "model.num_heads": 4, "model.num_kv_heads": 2,
          "model.mlp_dim": 512, "model.tie_embeddings": False}

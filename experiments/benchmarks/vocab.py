@@ -63,7 +63,8 @@ def measure(vocab: int, scorer: str, repeats: int) -> dict:
     from ragen_jax.models import scripted, transformer
     from ragen_jax.rollout import prompts as prompts_lib
     from ragen_jax.train.build import build, build_chat_format, build_env, build_tokenizer
-    from ragen_jax.train.step import Hyper, TrainStep
+    from ragen_jax.train.hyper import Hyper
+    from ragen_jax.train.step import TrainStep
 
     overrides = {**MODEL, **GEOMETRY, "model.vocab_size": vocab}
     config = config_lib.apply_overrides(presets.preset_config(base.get_config(), "grpo"), overrides)

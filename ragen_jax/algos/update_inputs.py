@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
-import ml_collections
 
 
 class UpdateBatch(NamedTuple):
@@ -24,7 +22,8 @@ class UpdateBatch(NamedTuple):
 
 
 class ActorHyper(NamedTuple):
-    """Traced actor hyperparameters (f32 scalars): a new value never recompiles."""
+    """Traced actor hyperparameters (f32 scalars): a new value never recompiles (filled from the config by
+    `train.hyper.Hyper.from_config`)."""
 
     lr: jax.Array
     clip_ratio_low: jax.Array
@@ -34,18 +33,9 @@ class ActorHyper(NamedTuple):
     kl_loss_coef: jax.Array
     temperature: jax.Array
 
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> "ActorHyper":
-        a = config.algo
-        values = (config.optim.actor_lr, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c, a.entropy_coeff,
-                  a.kl_loss_coef, config.rollout.temperature)
-        return cls(*(jnp.float32(v) for v in values))
-
 
 class CriticHyper(NamedTuple):
+    """Traced critic hyperparameters (f32 scalars)."""
+
     lr: jax.Array
     value_clip: jax.Array
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> "CriticHyper":
-        return cls(jnp.float32(config.optim.critic_lr), jnp.float32(config.algo.value_clip))

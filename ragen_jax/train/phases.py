@@ -27,7 +27,8 @@ from typing import Any
 import jax
 
 from ragen_jax.train.host import Timed
-from ragen_jax.train.step import PHASES, Hyper, TrainState, TrainStep
+from ragen_jax.train.hyper import Hyper
+from ragen_jax.train.step import PHASES, TrainState, TrainStep
 
 
 class PhasedStep:

@@ -46,38 +46,11 @@ from ragen_jax.rollout.metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout, Trajectory
 from ragen_jax.train import batch as batch_lib
 from ragen_jax.train import transcripts, update
+from ragen_jax.train.hyper import Hyper
 from ragen_jax.train.step_options import StepOptions
 
 
 PHASES = config_lib.STEP_PHASES  # TrainStep.with_transcripts' phases, in order
-
-
-@flax.struct.dataclass
-class Hyper:
-    """Traced hyperparameters of a step (f32 scalars, plus the env's params pytree)."""
-
-    actor: update_inputs.ActorHyper
-    critic: update_inputs.CriticHyper
-    top_p: jax.Array
-    filter_value: jax.Array
-    filter_eps: jax.Array
-    filter_include_zero: jax.Array  # bool[]: zero-score groups stay candidates of the filter
-    gamma: jax.Array
-    lam: jax.Array
-    high_level_gamma: jax.Array
-    kl_coef: jax.Array  # beta of the KL reward penalty (algo.use_kl_in_reward)
-    zero_task_advantage: jax.Array  # bool[]: every advantage 0, the regulariser-only ablation
-    env: Any
-
-    @classmethod
-    def from_config(cls, config, env_params) -> "Hyper":
-        a, f = config.algo, config.filter
-        f32 = jnp.float32
-        return cls(actor=update_inputs.ActorHyper.from_config(config), critic=update_inputs.CriticHyper.from_config(config),
-                   top_p=f32(config.rollout.top_p), filter_value=f32(f.value), filter_eps=f32(f.eps),
-                   filter_include_zero=jnp.bool_(f.include_zero),
-                   gamma=f32(a.gamma), lam=f32(a.lam), high_level_gamma=f32(a.high_level_gamma),
-                   kl_coef=f32(a.kl_coef), zero_task_advantage=jnp.bool_(a.zero_task_advantage), env=env_params)
 
 
 @flax.struct.dataclass
@@ -297,7 +270,7 @@ class TrainStep:
         inputs = estimators.AdvantageInputs(token_rewards=token_rewards, values=values, loss_mask=loss_mask, mask=mask,
                                             group_ids=group_ids, row_mask=kept.row_mask, group_mask=kept.group_mask)
         advantages, returns, estimator_metrics = estimators.estimate(
-            o.adv_estimator, inputs, estimators.AdvantageHyper(hyper.gamma, hyper.lam, hyper.high_level_gamma),
+            o.adv_estimator, inputs, hyper.advantage,
             o.advantage)
         advantages = filtering.filter_loss_scaling(advantages, kept.kept_ratio, o.loss_scaling)
         advantages = jnp.where(hyper.zero_task_advantage, 0.0, advantages) * mask
@@ -312,8 +285,8 @@ class TrainStep:
         return hyper.replace(actor=hyper.actor._replace(lr=hyper.actor.lr * scale),
                              critic=hyper.critic._replace(lr=hyper.critic.lr * scale))
 
-    def _gradient_analysis(self, step, state: TrainState, key, rows: update_inputs.UpdateBatch, kept: filtering.FilterResult,
-                           scores, group_ids, hyper: Hyper) -> dict[str, jax.Array]:
+    def _gradient_analysis(self, step, state: TrainState, key, rows: update_inputs.UpdateBatch,
+                           kept: filtering.FilterResult, scores, group_ids, hyper: Hyper) -> dict[str, jax.Array]:
         """Gradient-component norms by reward-variance bucket (docs/diagnostics.md#gradient-analysis) every
         `diagnostics.grad_analysis_every` steps (NaN on other steps; nothing when 0): on the kept rows of the training
         batch, or, with `diagnostics.grad_analysis_num_groups` > 0, on a separate unfiltered rollout of that many groups

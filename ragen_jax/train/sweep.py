@@ -4,15 +4,15 @@ design rule 3).
     points = grid({"filter.value": [0.25, 0.5, 1.0], "train.seed": [0, 1]})     # 6 members
     state, histories = Sweep(config, points).run()                              # histories[i]: member i's rows
 
-Each member is `config` with its overrides (keys from `SWEEPABLE`: values that live in the step's `Hyper`, the env's
-params, the seed, or the host-side early-stop rules). The members' Hypers, step keys and TrainStates are stacked
-along a leading axis, the step is vmapped over it (`sharding.vmap_members`: vmap axis and `spmd_axis_name` "sweep"),
-and the mesh's `sweep` axis splits the members over devices (`mesh.sweep` must divide S; data x fsdp split each
-member's batch as in a single run). With `mesh.sweep_loop_phases` (members on one device) the phases it names run
-member after member in the same program instead (`Sweep.over_members`, `lax.map`). Member i computes exactly what
-`train(member_config)` would (up to float reduction order): same initial parameters (the SFT warm start runs once per
-distinct seed), same keys, so members with equal seeds see common random numbers. The host loop is the single run's
-(`train.loop.HostLoop`); `Sweep` gives it the stacked layout.
+Each member is `config` with its overrides (keys from `train.hyper.SWEEPABLE`: values that live in the step's
+`Hyper`, the env's params, the seed, or the host-side early-stop rules). The members' Hypers, step keys and
+TrainStates are stacked along a leading axis, the step is vmapped over it (`sharding.vmap_members`: vmap axis and
+`spmd_axis_name` "sweep"), and the mesh's `sweep` axis splits the members over devices (`mesh.sweep` must divide S;
+data x fsdp split each member's batch as in a single run). With `mesh.sweep_loop_phases` (members on one device) the
+phases it names run member after member in the same program instead (`Sweep.over_members`, `lax.map`). Member i
+computes exactly what `train(member_config)` would (up to float reduction order): same initial parameters (the SFT
+warm start runs once per distinct seed), same keys, so members with equal seeds see common random numbers. The host
+loop is the single run's (`train.loop.HostLoop`); `Sweep` gives it the stacked layout.
 
 Differences from S separate runs, by construction of vmap: the step counter is shared (all members run
 `train.total_steps` unless stopped); a branch that some member takes runs for all and is discarded for the others by
@@ -48,16 +48,8 @@ from ragen_jax.train.build import build_env
 from ragen_jax.train.early_stops import EarlyStops
 from ragen_jax.train.loop import HostLoop
 from ragen_jax.train.phases import PhasedStep
-from ragen_jax.train.step import Hyper, TrainState
-
-SWEEPABLE = ("filter.value", "filter.eps", "filter.include_zero", "algo.gamma", "algo.lam", "algo.high_level_gamma",
-             "algo.kl_coef", "algo.kl_loss_coef", "algo.entropy_coeff", "algo.clip_ratio_low", "algo.clip_ratio_high",
-             "algo.clip_ratio_c", "algo.value_clip", "algo.zero_task_advantage", "optim.actor_lr", "optim.critic_lr",
-             "rollout.temperature", "rollout.top_p", "env.success_rate", "train.seed",
-             # host-side early-stop rules (docs/filtering.md#early-stops), applied per member
-             "filter.empty_stop_steps", "filter.rv_collapse_window", "filter.rv_collapse_ratio",
-             "filter.val_success_floor", "filter.val_success_patience")
-
+from ragen_jax.train.hyper import SWEEPABLE, Hyper
+from ragen_jax.train.step import TrainState
 
 ZIP = "/"  # joins the keys of a zipped axis: {"a/b": [(1, 2), (3, 4)]} varies a and b together
 

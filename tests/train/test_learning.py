@@ -21,7 +21,8 @@ from ragen_jax.models import chat, transformer
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.tokenizer import builtin
 from ragen_jax.train import sft
-from ragen_jax.train.step import Hyper, TrainStep
+from ragen_jax.train.hyper import Hyper
+from ragen_jax.train.step import TrainStep
 
 STEPS, MARGIN = 15, 0.15  # GRPO steps, and the rise of the mean success of the last 5 over step 1
 PAIRS = (("Stop", "Go"), ("Wait", "Run"))  # (wrong, right); a prompt shows one pair in random order

@@ -16,7 +16,8 @@ from configs import base
 from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 from ragen_jax.train import build as build_lib
-from ragen_jax.train.step import Hyper, TrainStep
+from ragen_jax.train.hyper import Hyper
+from ragen_jax.train.step import TrainStep
 
 QWEN_ROWS = 151_936
 RESPONSE = 8
