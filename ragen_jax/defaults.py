@@ -14,7 +14,7 @@ import ml_collections
 def _model() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.arch = "transformer"  # architecture: a config.MODEL_ARCHS name (transformer = the Qwen2 / Llama-3 decoder)
-    c.pretrained_path = ""  # local folder with config.json + safetensors; "" = build from the sizes below
+    c.pretrained_path = ""  # folder with config.json + safetensors, or a .gguf file; "" = build from the sizes below
     c.preset = ""  # qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-3b: published shapes, random weights ("" = the sizes below)
     c.vocab_size = 0  # 0 = take the tokenizer's vocabulary size
     c.d_model = 128  # hidden width

