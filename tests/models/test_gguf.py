@@ -83,8 +83,10 @@ def batch(vocab: int, rows: int = 3, length: int = 10) -> tuple[np.ndarray, np.n
     return tokens, mask
 
 
-def logits_of_both(path: str, tokens: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    model = gguf_io.load_gguf(path)
+def logits_of_both(path: str, tokens: np.ndarray, mask: np.ndarray, model: tfm.Model | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(our logits, transformers' logits) of the GGUF file at `path` (`model`: ours, already loaded from it)."""
+    model = model or gguf_io.load_gguf(path)
     ours = np.asarray(jax.jit(tfm.apply, static_argnums=0)(model.config, model.params, tokens, None, mask))
     reference = transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), attn_implementation="eager",
@@ -126,9 +128,18 @@ def test_shipped_smollm2_matches_transformers_logits():
     assert (config.rope_theta, config.tie_embeddings, config.vocab_size, config.max_seq_len) == \
         (100000.0, True, 49152, 8192)
     # ChatML token ids of "<|im_start|>system\nYou are a helpful ..." (the file's vocabulary), left-padded
+    model = gguf_io.load_gguf(path)
+    # tensors land where the gguf package's own dequantisation puts them (a Q4_1 layer tensor, the Q8_0 embedding)
+    reader = gguf.GGUFReader(path)
+    raw = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors
+           if t.name in ("blk.7.ffn_down.weight", "token_embd.weight")}
+    assert {t.tensor_type.name for t in reader.tensors if t.name in raw} == {"Q4_1", "Q8_0"}
+    np.testing.assert_array_equal(np.asarray(model.params["layers"]["down_proj"]["kernel"][7]),
+                                  raw["blk.7.ffn_down.weight"].T)
+    np.testing.assert_array_equal(np.asarray(model.params["embed"]["embedding"]), raw["token_embd.weight"])
     tokens, mask = batch(49152)
     tokens[0, :6] = [1, 9690, 198, 2683, 359, 253]
-    ours, theirs = logits_of_both(path, tokens, mask)
+    ours, theirs = logits_of_both(path, tokens, mask, model)
     real = mask.astype(bool)
     np.testing.assert_allclose(ours[real], theirs[real], atol=3e-4, rtol=0)
     np.testing.assert_array_equal(ours.argmax(-1)[real], theirs.argmax(-1)[real])
