@@ -10,6 +10,10 @@ by `hf.fill_params`, one leaf at a time. llama.cpp's converter interleaves the r
 projections for its rotary layout; `unpermute` undoes that (qwen2 files are stored unpermuted). A tied LM head is a
 file without `output.weight`.
 
+`tokenizer(file)` rebuilds the file's byte-level BPE tokenizer (`tokenizer.ggml.model` "gpt2": its tokens, merges
+and control tokens, with the pre-tokenizer `tokenizer.ggml.pre` names) as a `tokenizers` tokenizer behind
+`models.tokenizer.HFTokenizer`.
+
 A bad file raises `hf.CheckpointError` naming the file and the key or tensor: not a readable GGUF (e.g. truncated),
 an unsupported architecture, a missing metadata key, a missing, unexpected or wrong-shaped tensor, a quantisation
 type the package cannot dequantise.
@@ -24,6 +28,7 @@ import numpy as np
 
 from ragen_jax.errors import reraised
 from ragen_jax.models import hf
+from ragen_jax.models import tokenizer as tok_lib
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.transformer import Model
 
@@ -38,6 +43,10 @@ _LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_a
           "attn_v.bias": "self_attn.v_proj.bias", "attn_output.weight": "self_attn.o_proj.weight",
           "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
           "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+CONTROL = 3  # tokenizer.ggml.token_type of a special (control) token
+# tokenizer.ggml.pre -> whether digits are split one by one before the GPT-2 byte-level split (llama.cpp's "smollm"
+# pre-tokenizer is GPT-2's with single digits)
+PRE_TOKENIZERS = {"gpt-2": False, "smollm": True}
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
 # HF config key -> (GGUF key under "<arch>.", required)
 _SIZES = {"hidden_size": ("embedding_length", True), "intermediate_size": ("feed_forward_length", True),
@@ -74,6 +83,12 @@ def _metadata(reader, path: str) -> dict[str, Any]:
     return values
 
 
+def _required(metadata: dict[str, Any], key: str, path: str) -> Any:
+    if key not in metadata:
+        raise hf.CheckpointError(f"{path}: metadata key {key!r} is missing")
+    return metadata[key]
+
+
 def _hf_name(name: str) -> str | None:
     if name in _GLOBAL:
         return _GLOBAL[name]
@@ -92,10 +107,8 @@ def hf_config(metadata: dict[str, Any], tied: bool, path: str) -> dict:
     config = {"architectures": [ARCHITECTURES[arch]], "model_type": arch, "tie_word_embeddings": tied}
     for key, (gguf_key, required) in _SIZES.items():
         full = f"{arch}.{gguf_key}"
-        if full in metadata:
-            config[key] = metadata[full]
-        elif required:
-            raise hf.CheckpointError(f"{path}: metadata key {full!r} is missing")
+        if full in metadata or required:
+            config[key] = _required(metadata, full, path)
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = metadata.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else None)
     if vocab is None:
@@ -166,3 +179,30 @@ def load_gguf(path: str, compute_dtype: str = "float32", shardings: Any = None) 
     params = hf.fill_params(hf.tensor_map(file.config), hf.param_shapes(file.config),
                             lambda name: (dequantised(file, name), path), shardings)
     return Model(file.config, params)
+
+
+def tokenizer(file: GGUFFile) -> tok_lib.HFTokenizer:
+    """The file's tokenizer: byte-level BPE over `tokenizer.ggml.tokens` and `.merges`, its control tokens special,
+    end of turn and padding from `tokenizer.ggml.eos_token_id` / `.padding_token_id`."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    meta, path = file.metadata, file.path
+    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "gpt-2")
+    if kind != "gpt2":
+        raise hf.CheckpointError(f"{path}: tokenizer.ggml.model = {kind!r} is not supported: use 'gpt2' "
+                                 "(byte-level BPE)")
+    if pre not in PRE_TOKENIZERS:
+        raise hf.CheckpointError(f"{path}: tokenizer.ggml.pre = {pre!r} is not supported: use one of "
+                                 f"{tuple(PRE_TOKENIZERS)}")
+    tokens, types = (_required(meta, f"tokenizer.ggml.{k}", path) for k in ("tokens", "token_type"))
+    merges = [tuple(m.split(" ", 1)) for m in _required(meta, "tokenizer.ggml.merges", path)]
+    bpe = tokenizers.Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    split = [pre_tokenizers.Digits(individual_digits=True)] if PRE_TOKENIZERS[pre] else []
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([*split, pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                            for t, kind in zip(tokens, types) if kind == CONTROL])
+    eos_id = _required(meta, "tokenizer.ggml.eos_token_id", path)
+    eos, pad = tokens[eos_id], tokens[meta.get("tokenizer.ggml.padding_token_id", eos_id)]
+    return tok_lib.HFTokenizer(bpe, eos_token=eos, pad_token=pad, source=path)

@@ -177,3 +177,48 @@ def test_a_run_reads_a_gguf_named_by_model_pretrained_path(tmp_path):
     missing = config_lib.apply_overrides(config, {"model.pretrained_path": str(tmp_path / "absent.gguf")})
     with pytest.raises(UserInputError, match=r"model.pretrained_path.*no such file"):
         build_lib.check_inputs(missing)
+
+
+CORPUS = ("What is 12345 + 678? 3.14159, 1e-9, 2026-12-07, x1 = 10x; 007 agents",
+          "Héllo wörld — ünïcode ☃ 日本語 ✓ emoji 🙂 Ωmega",
+          "  leading spaces\ttabs\n\nnewlines  \r\n trailing ",
+          "<think>Player (2, 0), Goal (3, 0); rows 2 to 3: down</think><answer>Down</answer>",
+          "<|im_start|>system\nYou are a helpful AI assistant named SmolLM.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+
+
+def env_prompts() -> list[str]:
+    """Each registered env's instruction (the system prompt's env part) as a ChatML turn, and grid observations in
+    the envs' symbols (rendering real observations compiles every env: minutes)."""
+    import environments
+    from ragen_jax.models.tokenizer import builtin
+
+    texts = [f"<|im_start|>system\n{environments.make(name, builtin())[0].instruction}<|im_end|>\n"
+             for name in environments.registered()]
+    grids = ("_ _ G\nP O _\n_ _ _", "# # # #\n# P X #\n# _ O #\n# # # #", "Player (1, 2), Goal (3, 3)")
+    return texts + [f"<|im_start|>user\n{g}<|im_end|>\n<|im_start|>assistant\n<think>" for g in grids]
+
+
+def test_shipped_tokenizer_matches_transformers_gguf_tokenizer():
+    path = shipped_smollm2()
+    ours = gguf_io.tokenizer(gguf_io.read_gguf(path))
+    theirs = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    assert (ours.vocab_size, ours.eos_id, ours.pad_id) == (49152, 2, 2)
+    texts = [*CORPUS, *env_prompts()]
+    assert len(texts) > 10
+    for text in texts:
+        ids = ours.encode(text)
+        assert ids == theirs(text, add_special_tokens=False)["input_ids"], text
+        assert ours.decode(ids) == text
+
+
+def test_tokenizers_it_cannot_rebuild_fail_naming_the_key():
+    def file(**metadata):
+        return gguf_io.GGUFFile("x.gguf", None, {}, {}, metadata)
+
+    with pytest.raises(CheckpointError, match=r"x.gguf: tokenizer.ggml.model = 'llama' is not supported"):
+        gguf_io.tokenizer(file(**{"tokenizer.ggml.model": "llama"}))
+    with pytest.raises(CheckpointError, match=r"x.gguf: tokenizer.ggml.pre = 'qwen2' is not supported"):
+        gguf_io.tokenizer(file(**{"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2"}))
+    with pytest.raises(CheckpointError, match=r"x.gguf: metadata key 'tokenizer.ggml.merges' is missing"):
+        gguf_io.tokenizer(file(**{"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"],
+                                  "tokenizer.ggml.token_type": [1]}))
