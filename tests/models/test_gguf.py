@@ -183,7 +183,8 @@ CORPUS = ("What is 12345 + 678? 3.14159, 1e-9, 2026-12-07, x1 = 10x; 007 agents"
           "Héllo wörld — ünïcode ☃ 日本語 ✓ emoji 🙂 Ωmega",
           "  leading spaces\ttabs\n\nnewlines  \r\n trailing ",
           "<think>Player (2, 0), Goal (3, 0); rows 2 to 3: down</think><answer>Down</answer>",
-          "<|im_start|>system\nYou are a helpful AI assistant named SmolLM.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+          "<|im_start|>system\nYou are a helpful AI assistant named SmolLM.<|im_end|>\n"
+          "<|im_start|>user\nHi<|im_end|>\n")
 
 
 def env_prompts() -> list[str]:
