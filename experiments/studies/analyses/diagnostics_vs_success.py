@@ -33,8 +33,9 @@ def arm_of(overrides: dict[str, str]) -> str:
 
 
 def window_mean(rows: list[dict], key: str, steps: range) -> float:
-    """The mean of `key` over the rows of `steps` that carry it; ValueError when none does."""
-    values = [row[key] for row in rows if row["step"] in steps and key in row]
+    """The mean of `key` over the rows of `steps` that carry it (a sweep logs NaN on the steps where a diagnostic
+    did not run); ValueError when none does."""
+    values = [row[key] for row in rows if row["step"] in steps and key in row and not np.isnan(row[key])]
     if not values:
         raise ValueError(f"{key} has no value at steps {steps.start}..{steps.stop - 1}")
     return float(np.mean(values))
