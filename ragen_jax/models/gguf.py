@@ -134,7 +134,8 @@ def read_gguf(path: str, compute_dtype: str = "float32") -> GGUFFile:
         name = _hf_name(tensor.name)
         if name is None:
             unknown.append(tensor.name)
-        by_name[name] = tensor
+        else:
+            by_name[name] = tensor
     if unknown:
         raise hf.CheckpointError(f"{path}: unexpected tensor {unknown[0]!r} ({len(unknown)} unexpected)")
     hf_dict = hf_config(metadata, "lm_head.weight" not in by_name, path)
