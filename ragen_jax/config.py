@@ -110,13 +110,15 @@ REWARD_NORMALIZATIONS = ("identity", "mean", "mean_std", "asym_clip")
 BUCKET_MODES = ("quantile", "fixed_rv")
 STEP_PHASES = ("rollout", "diagnostics", "prepare", "update")  # the training step's phases, in order (train.step)
 QWEN_TOKENIZERS = ("qwen2.5", "qwen3.6")  # the real vocabularies of ragen_jax/models/qwen_tokenizer.py
-TOKENIZER_KINDS = ("builtin", "json", *QWEN_TOKENIZERS)
+TOKENIZER_KINDS = ("builtin", "json", "gguf", *QWEN_TOKENIZERS)
 CHAT_FORMATS = ("plain", "chatml", "llama3")
+AUTO_CHAT_FORMAT = "auto"  # tokenizer.chat_format recognised from a GGUF file's tokenizer.chat_template
 COMPUTE_DTYPES = ("float32", "bfloat16")
 # model.arch: entry.fn(model_config) -> a `ragen_jax.models.lm.CausalLM` (the class itself), registered in its
 # architecture module, which ragen_jax/models/__init__.py imports (models/transformer.py: "transformer").
 MODEL_ARCHS = Registry("model.arch", "ragen_jax.models")
-MODEL_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")  # published shapes: ragen_jax/models/presets.py
+# ragen_jax/models/presets.py: published shapes with random weights, then checkpoints shipped in installed packages
+MODEL_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "smollm2-135m-instruct")
 
 # Keys that must be >= 0: coefficients, learning rates, penalties' magnitudes are signed and excluded.
 NON_NEGATIVE_KEYS = (
@@ -282,7 +284,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         raise ConfigError("mesh.sweep_loop_phases", config.mesh.sweep_loop_phases,
                           "loops over the members of one device: needs mesh.sweep = 1")
     _check_choice(config, "tokenizer.kind", TOKENIZER_KINDS)
-    _check_choice(config, "tokenizer.chat_format", CHAT_FORMATS)
+    _check_choice(config, "tokenizer.chat_format", (*CHAT_FORMATS, AUTO_CHAT_FORMAT))
     _check_choice(config, "model.arch", MODEL_ARCHS)
     _check_choice(config, "model.compute_dtype", COMPUTE_DTYPES)
     _check_choice(config, "model.preset", ("", *MODEL_PRESETS))
@@ -339,9 +341,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
         raise ConfigError("logging.compilation_cache", cache, '"auto", "" (off) or a folder, not a file')
     if config.model.preset and config.model.pretrained_path:
         raise ConfigError("model.preset", config.model.preset,
-                          "model.pretrained_path already fixes the shapes (its config.json): set one of the two")
+                          "model.pretrained_path already fixes the shapes and weights: set one of the two")
     if config.tokenizer.kind == "json" and not config.tokenizer.path:
         raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='json' needs the path of a tokenizer.json")
+    if config.tokenizer.chat_format == AUTO_CHAT_FORMAT and config.tokenizer.kind != "gguf":
+        raise ConfigError("tokenizer.chat_format", AUTO_CHAT_FORMAT,
+                          "is recognised from a GGUF file's chat template: needs tokenizer.kind='gguf'")
     if config.tokenizer.kind in QWEN_TOKENIZERS and config.tokenizer.chat_format != "chatml":
         raise ConfigError("tokenizer.chat_format", config.tokenizer.chat_format,
                           f"tokenizer.kind={config.tokenizer.kind!r} has only ChatML's markers: use 'chatml'")

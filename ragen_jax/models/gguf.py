@@ -12,7 +12,10 @@ file without `output.weight`.
 
 `tokenizer(file)` rebuilds the file's byte-level BPE tokenizer (`tokenizer.ggml.model` "gpt2": its tokens, merges
 and control tokens, with the pre-tokenizer `tokenizer.ggml.pre` names) as a `tokenizers` tokenizer behind
-`models.tokenizer.HFTokenizer`.
+`models.tokenizer.HFTokenizer`. `chat_format(file)` recognises the file's Jinja `tokenizer.chat_template` as one of
+`models.chat`'s formats (ChatML, with the system message the template inserts when a conversation has none).
+`read_gguf` keeps the last files it read (keyed by path, size and modification time): a run reads one file for
+its tokenizer, its shapes and its weights.
 
 A bad file raises `hf.CheckpointError` naming the file and the key or tensor: not a readable GGUF (e.g. truncated),
 an unsupported architecture, a missing metadata key, a missing, unexpected or wrong-shaped tensor, a quantisation
@@ -21,12 +24,15 @@ type the package cannot dequantise.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import re
 from typing import Any
 
 import numpy as np
 
 from ragen_jax.errors import reraised
+from ragen_jax.models import chat as chat_lib
 from ragen_jax.models import hf
 from ragen_jax.models import tokenizer as tok_lib
 from ragen_jax.models.config import ModelConfig
@@ -123,6 +129,13 @@ def hf_config(metadata: dict[str, Any], tied: bool, path: str) -> dict:
 def read_gguf(path: str, compute_dtype: str = "float32") -> GGUFFile:
     """Reads the metadata and the tensor index of GGUF file `path` (no tensor dequantised) and checks them: names,
     shapes and the config."""
+    with reraised(hf.CheckpointError, f"{path} is not a readable file", OSError):
+        stat = os.stat(path)
+    return _read(path, stat.st_size, stat.st_mtime_ns, compute_dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def _read(path: str, size: int, mtime_ns: int, compute_dtype: str) -> GGUFFile:
     import gguf
 
     with reraised(hf.CheckpointError, f"{path} is not a readable GGUF file (truncated or corrupt?)",
@@ -180,6 +193,28 @@ def load_gguf(path: str, compute_dtype: str = "float32", shardings: Any = None) 
     params = hf.fill_params(hf.tensor_map(file.config), hf.param_shapes(file.config),
                             lambda name: (dequantised(file, name), path), shardings)
     return Model(file.config, params)
+
+
+def file_tokenizer(path: str) -> tok_lib.HFTokenizer:
+    """The tokenizer of GGUF file `path` (config `tokenizer.kind = "gguf"`)."""
+    return tokenizer(read_gguf(path))
+
+
+def chat_format(file: GGUFFile) -> chat_lib.ChatFormat:
+    """The chat format of the file's `tokenizer.chat_template`: ChatML (`<|im_start|>role\\n...<|im_end|>\\n`)
+    with the system text the template inserts before a conversation that has none (`None` if it inserts none);
+    CheckpointError naming the file and key for a missing template or one of another format."""
+    template = _required(file.metadata, "tokenizer.chat_template", file.path)
+    if "<|im_start|>" not in template or "<|im_end|>" not in template:
+        raise hf.CheckpointError(f"{file.path}: tokenizer.chat_template is not a ChatML template (no <|im_start|> and "
+                                 "<|im_end|>): set tokenizer.chat_format to the model's format")
+    default = _CHATML_DEFAULT_SYSTEM.search(template)
+    return chat_lib.chatml(default_system=default.group(1) if default else None)
+
+
+# a ChatML template's literal system turn (inserted when the first message is not a system message); the newline
+# is a character or a Jinja escape
+_CHATML_DEFAULT_SYSTEM = re.compile(r"'<\|im_start\|>system(?:\n|\\n)([^'{}]*)<\|im_end\|>")
 
 
 def tokenizer(file: GGUFFile) -> tok_lib.HFTokenizer:

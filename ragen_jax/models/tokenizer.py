@@ -13,7 +13,8 @@ Every kind implements :class:`Tokenizer`:
 any text round-trips exactly) and whole words of the built-in environments' text, encoded by
 deterministic greedy longest match. :func:`load` reads a HF ``tokenizer.json`` through the
 ``tokenizers`` library directly (``AutoTokenizer`` may change ids). :func:`qwen` gives the real Qwen2.5 or
-Qwen3.6 vocabulary (``ragen_jax/models/qwen_tokenizer.py``); :func:`make` builds the one a config names.
+Qwen3.6 vocabulary (``ragen_jax/models/qwen_tokenizer.py``); ``ragen_jax.models.gguf`` the one a GGUF file holds;
+:func:`make` builds the one a config names.
 A missing, unreadable or malformed file, or one without the end-of-turn or pad token, raises
 :class:`TokenizerError` (a ``ragen_jax.errors.UserInputError``) naming the file.
 """
@@ -387,9 +388,13 @@ def qwen(version: str) -> Tokenizer:
 
 def make(kind: str, path: str = "") -> Tokenizer:
     """The tokenizer of config ``tokenizer.kind`` (:data:`ragen_jax.config.TOKENIZER_KINDS`); ``path`` is the
-    ``tokenizer.json`` file or folder of ``kind="json"``."""
+    ``tokenizer.json`` file or folder of ``kind="json"``, the ``.gguf`` file of ``kind="gguf"``."""
     if kind == "builtin":
         return builtin()
     if kind == "json":
         return load(path)
+    if kind == "gguf":
+        from ragen_jax.models import gguf  # gguf builds on this module
+
+        return gguf.file_tokenizer(path)
     return qwen(kind)  # ConfigError naming tokenizer.kind for an unknown kind

@@ -5,8 +5,8 @@
 
 The env receives the rollout's action budget and thinking mode, `env.kwargs` as constructor overrides, and
 `env.success_rate` when its params have that field (FrozenLake's slip probability). The model is loaded from
-`model.pretrained_path` (HF safetensors, or a GGUF file: `models.gguf`) or built with `model.init_seed` from the
-shapes of `model.preset` or the `model` sizes (`build_model_config`). `check_inputs(config)` reads the files a
+`model.pretrained_path` (HF safetensors, or a GGUF file: `models.gguf`) or a shipped `model.preset`'s file, or built
+with `model.init_seed` from the shapes of a shape `model.preset` or the `model` sizes (`build_model_config`). `check_inputs(config)` reads the files a
 config names and checks them against each other without building the model, so the entry points refuse bad input (a
 `ragen_jax.errors.UserInputError` naming the file, tensor or key) before they write anything.
 """
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 import environments
 from ragen_jax import defaults as config_defaults
-from ragen_jax.config import ConfigError, check_choice
+from ragen_jax.config import AUTO_CHAT_FORMAT, ConfigError, check_choice
 from ragen_jax.errors import UserInputError, reraised
 from ragen_jax.models import chat as chat_lib
 from ragen_jax.models import gguf, hf, lm, presets
@@ -42,13 +42,29 @@ class Parts:
 def build_tokenizer(config) -> tok_lib.Tokenizer:
     """The tokenizer of `config.tokenizer`; `tokenizer.path` (kind json) is resolved and must exist (ConfigError)."""
     t = config.tokenizer
+    if t.kind == "gguf":
+        return tok_lib.make(t.kind, gguf_tokenizer_source(config))
     return tok_lib.make(t.kind, existing_path("tokenizer.path", t.path) if t.kind == "json" else t.path)
 
 
+def gguf_tokenizer_source(config) -> str:
+    """The GGUF file of `tokenizer.kind = "gguf"`: `tokenizer.path`, else the model's own GGUF file
+    (`pretrained_source`); ConfigError naming `tokenizer.path` when neither is a `.gguf` file."""
+    path = config.tokenizer.path or pretrained_source(config)
+    if not path.endswith(gguf.SUFFIX):
+        raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='gguf' reads a .gguf file: set "
+                          "tokenizer.path, or load the model from one (model.pretrained_path or a shipped model.preset)")
+    return existing_path("tokenizer.path", path)
+
+
 def build_chat_format(config, tokenizer: tok_lib.Tokenizer) -> chat_lib.ChatFormat:
-    """`config.tokenizer.chat_format`, checked against `tokenizer`: TokenizerError naming the tokenizer and the first
-    of the format's markers it lacks as a single token, or an end of turn other than its eos."""
-    chat_format = chat_lib.get(config.tokenizer.chat_format)
+    """`config.tokenizer.chat_format` ("auto": the GGUF file's chat template, `gguf.chat_format`), checked against
+    `tokenizer`: TokenizerError naming the tokenizer and the first of the format's markers it lacks as a single token,
+    or an end of turn other than its eos."""
+    if config.tokenizer.chat_format == AUTO_CHAT_FORMAT:
+        chat_format = gguf.chat_format(gguf.read_gguf(gguf_tokenizer_source(config)))
+    else:
+        chat_format = chat_lib.get(config.tokenizer.chat_format)
     try:
         chat_format.check_tokenizer(tokenizer)
     except (KeyError, ValueError) as error:  # KeyError: a marker that is no single token; ValueError: another eos
@@ -86,34 +102,35 @@ def existing_path(key: str, path: str, folder: bool = False) -> str:
 
 
 def build_model_config(config, tokenizer) -> ModelConfig:
-    """The policy's ModelConfig, no weights built: `model.pretrained_path`'s config.json, else the shapes of
-    `model.preset` (ragen_jax/models/presets.py), else the `model` sizes.
+    """The policy's ModelConfig, no weights built: the checkpoint's config (`pretrained_source`: config.json or GGUF
+    metadata; for a shipped `model.preset`, its file's), else the shapes of a shape `model.preset`
+    (ragen_jax/models/presets.py), else the `model` sizes.
 
     A preset and explicit sizes never silently disagree: each key of `presets.ARCHITECTURE_KEYS` must be left at
     its `ragen_jax/defaults.py` default (which counts as unset, so setting a key explicitly to that default cannot be
     told apart) or equal the preset's value; any other value is a ConfigError naming the key. `model.max_seq_len`
-    left at its default becomes the preset's max positions (32,768); set, it may only narrow them.
-    `model.compute_dtype` and `model.init_seed` apply to a preset as to any model.
+    left at its default becomes the preset's max positions (32,768 for Qwen2.5, 8,192 for SmolLM2); set, it may only
+    narrow them. `model.compute_dtype` and `model.init_seed` apply to a preset as to any model.
     Raises UserInputError when the model's vocabulary is smaller than the tokenizer's.
     """
     m = config.model
-    if m.pretrained_path:
-        path = pretrained_source(config)
+    path = pretrained_source(config)
+    if path:
         model_config = (gguf.read_gguf(path, m.compute_dtype).config if path.endswith(gguf.SUFFIX)
                         else hf.read_config(path, m.compute_dtype))
-    elif m.preset:
-        model_config = _preset_config(m)
-    else:
+    elif not m.preset:
         with reraised(UserInputError, "model sizes", ValueError):  # sizes that do not fit together, e.g. heads
             return ModelConfig.from_config(m, tokenizer.vocab_size)
+    if m.preset:
+        model_config = _agreeing_with_preset(m, model_config if path else presets.preset(m.preset, m.compute_dtype))
     if model_config.vocab_size < tokenizer.vocab_size:
-        source = f"model.pretrained_path {m.pretrained_path!r}" if m.pretrained_path else f"model.preset {m.preset!r}"
+        source = f"model.preset {m.preset!r}" if m.preset else f"model.pretrained_path {m.pretrained_path!r}"
         raise UserInputError(f"{source} has vocab_size {model_config.vocab_size} < the tokenizer's {tokenizer.vocab_size}")
     return model_config
 
 
-def _preset_config(m) -> ModelConfig:
-    model_config = presets.preset(m.preset, m.compute_dtype)
+def _agreeing_with_preset(m, model_config: ModelConfig) -> ModelConfig:
+    """`model_config` of preset `m.preset` after checking the explicit `m` sizes against it, max_seq_len narrowed."""
     defaults = config_defaults.get_config().model
     for key in presets.ARCHITECTURE_KEYS:
         value, fixed = m[key], getattr(model_config, key)
@@ -129,24 +146,28 @@ def _preset_config(m) -> ModelConfig:
 
 
 def build_model(config, tokenizer) -> tuple[ModelConfig, Any]:
-    """(ModelConfig, float32 params): `model.pretrained_path`'s weights (a HF checkpoint of the transformer
-    architecture, `models.hf`), else random ones (`model.init_seed`) of the shapes `build_model_config` gives,
+    """(ModelConfig of `build_model_config`, float32 params): the weights of `pretrained_source` (a HF checkpoint of
+    the transformer architecture, `models.hf`, or a GGUF file, `models.gguf`), else random ones (`model.init_seed`)
     initialised by the `model.arch` architecture (`models.lm.make`)."""
     m = config.model
     model_config = build_model_config(config, tokenizer)
-    if m.pretrained_path:
-        path = pretrained_source(config)
+    path = pretrained_source(config)
+    if path:
         load = gguf.load_gguf if path.endswith(gguf.SUFFIX) else hf.load_pretrained
-        model = load(path, m.compute_dtype)
-        return model.config, model.params
+        return model_config, load(path, m.compute_dtype).params
     return model_config, jax.jit(lm.make(m.arch, model_config).init_params)(jax.random.key(m.init_seed))
 
 
 def pretrained_source(config) -> str:
-    """`model.pretrained_path` resolved: a HF checkpoint folder, or a `.gguf` file; ConfigError naming the key when it
-    is neither."""
-    path = config.model.pretrained_path
-    return existing_path("model.pretrained_path", path, folder=not path.endswith(gguf.SUFFIX))
+    """Where the policy's weights come from: the installed file of a shipped `model.preset` (`presets.SHIPPED`), else
+    `model.pretrained_path` resolved (a HF checkpoint folder or a `.gguf` file; ConfigError naming the key when it is
+    neither); "" for random weights."""
+    m = config.model
+    if m.preset in presets.SHIPPED:
+        return presets.shipped_path(m.preset)
+    if not m.pretrained_path:
+        return ""
+    return existing_path("model.pretrained_path", m.pretrained_path, folder=not m.pretrained_path.endswith(gguf.SUFFIX))
 
 
 def check_inputs(config) -> None:
@@ -158,8 +179,8 @@ def check_inputs(config) -> None:
     build_chat_format(config, tokenizer)
     check_env_name(config)
     build_model_config(config, tokenizer)
-    if config.model.pretrained_path:
-        path, dtype = pretrained_source(config), config.model.compute_dtype
+    path, dtype = pretrained_source(config), config.model.compute_dtype
+    if path:
         if path.endswith(gguf.SUFFIX):
             gguf.read_gguf(path, dtype)
         else:

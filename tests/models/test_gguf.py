@@ -2,6 +2,7 @@
 layout, and the shipped SmolLM2-135M-Instruct (Q8_0 embeddings, Q4_1 layers); bad files fail with one line."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 
@@ -16,6 +17,7 @@ from ragen_jax import config as config_lib
 from ragen_jax import defaults
 from ragen_jax.errors import UserInputError
 from ragen_jax.models import gguf as gguf_io
+from ragen_jax.models import presets
 from ragen_jax.models import transformer as tfm
 from ragen_jax.models.hf import CheckpointError
 from ragen_jax.train import build as build_lib
@@ -83,14 +85,20 @@ def batch(vocab: int, rows: int = 3, length: int = 10) -> tuple[np.ndarray, np.n
     return tokens, mask
 
 
-def logits_of_both(path: str, tokens: np.ndarray, mask: np.ndarray, model: tfm.Model | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(our logits, transformers' logits) of the GGUF file at `path` (`model`: ours, already loaded from it)."""
-    model = model or gguf_io.load_gguf(path)
-    ours = np.asarray(jax.jit(tfm.apply, static_argnums=0)(model.config, model.params, tokens, None, mask))
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
+def transformers_gguf_model(path: str):
+    """transformers' own float32 model of the GGUF file at `path` (its GGUF loader, eager attention)."""
+    return transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), attn_implementation="eager",
         dtype=torch.float32).eval()
+
+
+def logits_of_both(path: str, tokens: np.ndarray, mask: np.ndarray, model: tfm.Model | None = None,
+                   reference=None) -> tuple[np.ndarray, np.ndarray]:
+    """(our logits, transformers' logits) of the GGUF file at `path` (`model`, `reference`: ours and transformers',
+    already loaded from it)."""
+    model = model or gguf_io.load_gguf(path)
+    ours = np.asarray(jax.jit(tfm.apply, static_argnums=0)(model.config, model.params, tokens, None, mask))
+    reference = reference or transformers_gguf_model(path)
     with torch.no_grad():
         theirs = reference(input_ids=torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(mask)).logits
     return ours, theirs.numpy()
@@ -120,7 +128,17 @@ def shipped_smollm2() -> str:
     return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def test_shipped_smollm2_matches_transformers_logits():
+SMOL_CONFIG = {"model.preset": "smollm2-135m-instruct", "tokenizer.kind": "gguf", "tokenizer.chat_format": "auto"}
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(our model, transformers' model) of the shipped SmolLM2 file, loaded once for the file's tests."""
+    path = shipped_smollm2()
+    return gguf_io.load_gguf(path), transformers_gguf_model(path)
+
+
+def test_shipped_smollm2_matches_transformers_logits(smollm2):
     path = shipped_smollm2()
     config = gguf_io.read_gguf(path).config
     assert (config.num_layers, config.d_model, config.mlp_dim, config.num_heads, config.num_kv_heads) == \
@@ -128,7 +146,7 @@ def test_shipped_smollm2_matches_transformers_logits():
     assert (config.rope_theta, config.tie_embeddings, config.vocab_size, config.max_seq_len) == \
         (100000.0, True, 49152, 8192)
     # ChatML token ids of "<|im_start|>system\nYou are a helpful ..." (the file's vocabulary), left-padded
-    model = gguf_io.load_gguf(path)
+    model, reference = smollm2
     # tensors land where the gguf package's own dequantisation puts them (a Q4_1 layer tensor, the Q8_0 embedding)
     reader = gguf.GGUFReader(path)
     raw = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors
@@ -139,7 +157,7 @@ def test_shipped_smollm2_matches_transformers_logits():
     np.testing.assert_array_equal(np.asarray(model.params["embed"]["embedding"]), raw["token_embd.weight"])
     tokens, mask = batch(49152)
     tokens[0, :6] = [1, 9690, 198, 2683, 359, 253]
-    ours, theirs = logits_of_both(path, tokens, mask, model)
+    ours, theirs = logits_of_both(path, tokens, mask, model, reference)
     real = mask.astype(bool)
     np.testing.assert_allclose(ours[real], theirs[real], atol=3e-4, rtol=0)
     np.testing.assert_array_equal(ours.argmax(-1)[real], theirs.argmax(-1)[real])
@@ -201,7 +219,7 @@ def env_prompts() -> list[str]:
 
 def test_shipped_tokenizer_matches_transformers_gguf_tokenizer():
     path = shipped_smollm2()
-    ours = gguf_io.tokenizer(gguf_io.read_gguf(path))
+    ours = build_lib.build_tokenizer(config_lib.apply_overrides(defaults.get_config(), SMOL_CONFIG))
     theirs = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
     assert (ours.vocab_size, ours.eos_id, ours.pad_id) == (49152, 2, 2)
     texts = [*CORPUS, *env_prompts()]
@@ -223,3 +241,100 @@ def test_tokenizers_it_cannot_rebuild_fail_naming_the_key():
     with pytest.raises(CheckpointError, match=r"x.gguf: metadata key 'tokenizer.ggml.merges' is missing"):
         gguf_io.tokenizer(file(**{"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"],
                                   "tokenizer.ggml.token_type": [1]}))
+
+
+def smol_config(**overrides):
+    return config_lib.apply_overrides(defaults.get_config(), {**SMOL_CONFIG, "env.name": "bandit", **overrides})
+
+
+def test_the_shipped_model_is_found_by_preset_name(monkeypatch):
+    config = smol_config()
+    config_lib.validate(config, num_devices=1)
+    build_lib.check_inputs(config)
+    assert build_lib.pretrained_source(config) == shipped_smollm2()
+    tokenizer = build_lib.build_tokenizer(config)
+    assert build_lib.build_model_config(config, tokenizer).num_layers == 30
+    # explicit sizes as with any preset: max_seq_len narrows the file's 8192 positions, other sizes must agree
+    assert build_lib.build_model_config(smol_config(**{"model.max_seq_len": 640}), tokenizer).max_seq_len == 640
+    with pytest.raises(config_lib.ConfigError, match=r"model.d_model = 64 .*has d_model = 576"):
+        build_lib.build_model_config(smol_config(**{"model.d_model": 64}), tokenizer)
+    with pytest.raises(config_lib.ConfigError, match=r"tokenizer.path = '' .*reads a .gguf file"):
+        build_lib.build_tokenizer(config_lib.apply_overrides(config, {"model.preset": ""}))
+    with pytest.raises(config_lib.ConfigError, match=r"tokenizer.chat_format = 'auto' .*needs tokenizer.kind='gguf'"):
+        config_lib.validate(config_lib.apply_overrides(config, {"tokenizer.kind": "builtin"}), num_devices=1)
+    monkeypatch.setitem(presets.SHIPPED, "smollm2-135m-instruct", ("no_such_package_x", "m.gguf", "no-such-x"))
+    with pytest.raises(UserInputError, match=r"model.preset = 'smollm2-135m-instruct': package 'no_such_package_x' "
+                                             r"is not installed; `make install` installs it"):
+        build_lib.check_inputs(config)
+
+
+def jinja_render(template: str, messages: list[tuple[str, str]], add_generation_prompt: bool) -> str:
+    """What transformers' apply_chat_template renders: the Jinja template with `messages` as role/content dicts."""
+    import jinja2
+
+    return jinja2.Environment().from_string(template).render(
+        messages=[{"role": r, "content": c} for r, c in messages], add_generation_prompt=add_generation_prompt)
+
+
+CONVERSATIONS = ([("user", "Which arm?")],
+                 [("system", "You are an agent."), ("user", "Grid:\n_ P\nG _"), ("assistant", "<think>down</think>"),
+                  ("user", "Again.")],
+                 [("user", "a"), ("assistant", "b"), ("user", "c")])
+# ChatML templates in the two spellings of a newline (a character, as SmolLM2's; a Jinja escape), and one that
+# inserts no system turn
+CHATML_TEMPLATES = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+    "Be brief.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_the_chat_format_is_recognised_from_the_files_template():
+    path = shipped_smollm2()
+    file = gguf_io.read_gguf(path)
+    templates = (file.metadata["tokenizer.chat_template"], *CHATML_TEMPLATES,
+                 CHATML_TEMPLATES[0].replace("\\n", "\n"))
+    for template in templates:
+        chat_format = gguf_io.chat_format(dataclasses.replace(file, metadata={"tokenizer.chat_template": template}))
+        for messages in CONVERSATIONS:
+            for add in (False, True):
+                assert chat_format.render(messages, add_generation_prompt=add) == \
+                    jinja_render(template, messages, add), (template, messages)
+    assert build_lib.build_chat_format(smol_config(), build_lib.build_tokenizer(smol_config())).default_system == \
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    llama3 = "{{ '<|begin_of_text|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] }}{% endfor %}"
+    with pytest.raises(CheckpointError, match=r"tokenizer.chat_template is not a ChatML template"):
+        gguf_io.chat_format(dataclasses.replace(file, metadata={"tokenizer.chat_template": llama3}))
+    with pytest.raises(CheckpointError, match=r"metadata key 'tokenizer.chat_template' is missing"):
+        gguf_io.chat_format(dataclasses.replace(file, metadata={}))
+
+
+def test_greedy_generation_matches_transformers_generate(smollm2):
+    """Token for token over 40 new tokens: our KV-cached sampler at temperature 0 against transformers' greedy
+    `generate`, both past the end of turn (no stop)."""
+    from ragen_jax.models import lm
+    from ragen_jax.rollout import sampler
+
+    config = smol_config()
+    tokenizer = build_lib.build_tokenizer(config)
+    chat_format = build_lib.build_chat_format(config, tokenizer)
+    questions = ("Explain why the sky is blue.", "Write a short poem about a frozen lake.",
+                 "You are in a grid. The goal is two steps down. Which way do you move?")
+    prompts = [tokenizer.encode(chat_format.render([("user", q)], add_generation_prompt=True)) for q in questions]
+    model, reference = smollm2
+    new = 40
+    reference.generation_config.eos_token_id = None  # generate all 40 tokens, as our sampler does without stops
+    with torch.no_grad():
+        theirs = [reference.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                     max_new_tokens=new, do_sample=False)[0, len(p):].tolist() for p in prompts]
+    width = max(map(len, prompts))
+    chunk = np.array([p + [tokenizer.pad_id] * (width - len(p)) for p in prompts], np.int32)
+    policy = lm.make("transformer", model.config)
+    out, _ = sampler.generate(policy, model.params, policy.init_cache(len(prompts), width + new), chunk,
+                              np.array([len(p) for p in prompts], np.int32), jax.random.key(0), np.float32(0.0),
+                              np.float32(1.0), max_new_tokens=new, pad_id=tokenizer.pad_id)
+    assert np.asarray(out.lengths).tolist() == [new] * len(prompts)
+    for row, (question, want) in enumerate(zip(questions, theirs)):
+        assert len(want) == new
+        assert np.asarray(out.tokens[row]).tolist() == want, (question, tokenizer.decode(want))
