@@ -2,6 +2,7 @@
 
     experiments/train.py --config=configs/bandit.py $M        # RAGEN-2's setting (Qwen2.5 from a local folder)
     experiments/train.py --config=configs/bandit.py:tiny      # CPU: from a shipped warm start, learns in minutes
+    experiments/train.py --config=configs/bandit.py:smol      # CPU: SmolLM2-135M-Instruct (configs/tasks.py)
 
 Tiny starts from the shipped warm start `configs/warm_starts/bandit_tiny`: the d64 x 2 model after 1500 SFT steps
 on demonstrations that pick one of the two names uniformly (q = 0), so the answer format is learned and the arm is
@@ -21,11 +22,14 @@ WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_star
 
 ACCELERATOR = {"rollout.max_turn": 1, "rollout.max_actions_per_turn": 1, "rollout.response_length": 500,
                "rollout.val_num_groups": 256}
-TINY = {"rollout.max_turn": 1, "rollout.max_actions_per_turn": 1, "rollout.max_actions_per_traj": 1,
-        "rollout.response_length": 48, "rollout.max_model_len": 736, "model.max_seq_len": 800,
-        "env.kwargs": {"hi_prob": 1.0}, "model.pretrained_path": WARM_START, "train.sft_steps": 0,
-        "train.sft_oracle_prob": 0.0, "train.total_steps": 40}
+# one turn, one pull, the high arm always paying 1.0: the CPU settings' task
+TASK = {"rollout.max_turn": 1, "rollout.max_actions_per_turn": 1, "rollout.max_actions_per_traj": 1,
+        "env.kwargs": {"hi_prob": 1.0}}
+TINY = {**TASK, "rollout.response_length": 48, "rollout.max_model_len": 736, "model.max_seq_len": 800,
+        "model.pretrained_path": WARM_START, "train.sft_steps": 0, "train.sft_oracle_prob": 0.0,
+        "train.total_steps": 40}
+SMOL = {**TASK, "train.total_steps": 40}
 
 
 def get_config(arg: str | None = None):
-    return tasks.get(arg, "bandit", ACCELERATOR, TINY)
+    return tasks.get(arg, "bandit", ACCELERATOR, TINY, SMOL)

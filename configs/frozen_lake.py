@@ -3,6 +3,7 @@ several turns.
 
     experiments/train.py --config=configs/frozen_lake.py $M       # RAGEN-2's setting (Qwen2.5 from a local folder)
     experiments/train.py --config=configs/frozen_lake.py:tiny     # CPU: the first rung, from a shipped warm start
+    experiments/train.py --config=configs/frozen_lake.py:smol     # CPU: the first rung, SmolLM2-135M-Instruct
     experiments/sweep.py --config=configs/frozen_lake.py:mixed,ppo ...   # CPU: mixed difficulty and slip (a study)
     experiments/sweep.py --config=configs/frozen_lake.py:collapse ...    # CPU: tiny without its KL anchor (a study)
     experiments/sweep.py --config=configs/frozen_lake.py:population ...  # CPU: tiny, no KL, 16 groups (a study)
@@ -41,12 +42,17 @@ from ragen_jax.algos import presets
 
 WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_starts", "frozen_lake_tiny")
 ACCELERATOR = {"env.success_rate": 1.0}
-TINY = {"env.kwargs": {"goal_distance": 1}, "rollout.max_turn": 1, "rollout.max_actions_per_turn": 1,
-        "rollout.max_actions_per_traj": 1, "rollout.response_length": 56, "rollout.max_model_len": 768,
+# the first rung: the goal one move away, one turn, one move
+RUNG = {"env.kwargs": {"goal_distance": 1}, "rollout.max_turn": 1, "rollout.max_actions_per_turn": 1,
+        "rollout.max_actions_per_traj": 1}
+TINY = {**RUNG, "rollout.response_length": 56, "rollout.max_model_len": 768,
         "model.max_seq_len": 832, "model.pretrained_path": WARM_START, "train.sft_steps": 0,
         "train.sft_oracle_prob": 0.0, "train.total_steps": 80,
         # the setting in which every seed 0-4 meets +0.25 (experiments/results): a KL loss to the warm start, no filter
         "algo.use_kl_loss": True, "algo.kl_loss_type": "low_var_kl", "algo.kl_loss_coef": 0.5, "filter.value": 1.0}
+
+# the rung with SmolLM2: its tokens of the system prompt and grid take ~420 positions
+SMOL = {**RUNG, "rollout.max_model_len": 640, "model.max_seq_len": 768, "train.total_steps": 40}
 
 
 MIXED_WARM_START = os.path.join(os.path.dirname(WARM_START), "frozen_lake_mixed")
@@ -97,4 +103,4 @@ def get_config(arg: str | None = None):
         return tasks.tiny("frozen_lake", {**TINY, **COLLAPSE})
     if name == "population":
         return tasks.tiny("frozen_lake", {**TINY, **POPULATION})
-    return tasks.get(arg, "frozen_lake", ACCELERATOR, TINY)
+    return tasks.get(arg, "frozen_lake", ACCELERATOR, TINY, SMOL)

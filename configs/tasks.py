@@ -4,7 +4,9 @@
 top-p 0.9 filter, 8 x 16 rollouts, 400 steps, Qwen2.5 from a local folder: pass `--config.model.pretrained_path`
 and `--config.tokenizer.path`); `tiny(env, overrides)` is a CPU setting: a from-scratch decoder, the built-in
 tokenizer, a weak warm start (`train.sft_oracle_prob` < 1) and GRPO with the same filter, sized so that a run
-finishes on 2 CPU cores in minutes.
+finishes on 2 CPU cores in minutes; `smol(env, overrides)` is the same CPU setting with a real pretrained policy,
+SmolLM2-135M-Instruct from the GGUF file `make install` installs (its own tokenizer and ChatML), 4 x 4 rollouts of
+up to 128 new tokens.
 """
 from __future__ import annotations
 
@@ -27,6 +29,19 @@ TINY = {
 }
 
 
+# SmolLM2-135M-Instruct (models/presets.py) with its file's tokenizer and chat template; a batch small enough for a
+# 135M step on 2 CPU cores
+SMOL = {
+    "model.preset": "smollm2-135m-instruct", "tokenizer.kind": "gguf", "tokenizer.chat_format": "auto",
+    "model.max_seq_len": 640, "rollout.max_model_len": 512, "rollout.response_length": 128,
+    "rollout.num_groups": 4, "rollout.group_size": 4, "algo.ppo_mini_batch_size": 16, "algo.ppo_micro_batch_size": 4,
+    "optim.actor_lr": 1e-6, "optim.warmup_steps": 0,
+    "diagnostics.num_samples": 16, "diagnostics.collapse_every": 5,
+    "rollout.val_num_groups": 64, "rollout.val_group_size": 1, "train.test_freq": 5, "train.sft_steps": 0,
+    "logging.progress_bar": False,
+}
+
+
 def accelerator(env: str, overrides: Mapping[str, Any] = ()):
     """RAGEN-2's main-table PPO + filter setting on `env` with task-specific `overrides` (a locked ConfigDict)."""
     return config_lib.apply_overrides(paper.get_config(f"main_table,ppo,filter,{env}"), dict(overrides))
@@ -38,10 +53,22 @@ def tiny(env: str, overrides: Mapping[str, Any] = ()):
     return config_lib.apply_overrides(config, {**TINY, "env.name": env, **dict(overrides)})
 
 
-def get(arg: str | None, env: str, accelerator_overrides: Mapping[str, Any], tiny_overrides: Mapping[str, Any]):
-    """`get_config(arg)` of a task file: None / "" for the accelerator setting, "tiny" for the CPU one."""
+def smol(env: str, overrides: Mapping[str, Any] = ()):
+    """The CPU setting on `env` with SmolLM2-135M-Instruct (see the module doc) and task-specific `overrides`."""
+    config = presets.preset_config(base.get_config(), "grpo", filter="paper")
+    return config_lib.apply_overrides(config, {**SMOL, "env.name": env, **dict(overrides)})
+
+
+def get(arg: str | None, env: str, accelerator_overrides: Mapping[str, Any], tiny_overrides: Mapping[str, Any],
+        smol_overrides: Mapping[str, Any] | None = None):
+    """`get_config(arg)` of a task file: None / "" for the accelerator setting, "tiny" for the CPU one, "smol" for the
+    CPU one with SmolLM2 (where the task file gives `smol_overrides`)."""
     if not arg:
         return accelerator(env, accelerator_overrides)
     if arg == "tiny":
         return tiny(env, tiny_overrides)
-    raise ValueError(f"configs/{env}.py:{arg}: unknown setting {arg!r}; use configs/{env}.py or configs/{env}.py:tiny")
+    if arg == "smol" and smol_overrides is not None:
+        return smol(env, smol_overrides)
+    settings = ("", ":tiny", ":smol") if smol_overrides is not None else ("", ":tiny")
+    raise ValueError(f"configs/{env}.py:{arg}: unknown setting {arg!r}; use "
+                     f"{' or '.join(f'configs/{env}.py{s}' for s in settings)}")

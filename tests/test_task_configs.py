@@ -44,6 +44,21 @@ def test_tiny_setting_builds_a_cpu_step(task):
     TrainStep(c, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)  # every length fits
 
 
+@pytest.mark.parametrize("task", ("bandit", "frozen_lake"))
+def test_smol_setting_builds_a_step_of_the_shipped_smollm2(task):
+    from ragen_jax.train import build as build_lib
+
+    c = config_lib.load(["train", f"--config=configs/{task}.py:smol"])
+    assert (c.model.preset, c.tokenizer.kind, c.tokenizer.chat_format) == ("smollm2-135m-instruct", "gguf", "auto")
+    assert c.rollout.max_turn == 1 and c.rollout.val_num_groups >= 64
+    tokenizer = build_lib.build_tokenizer(c)
+    chat_format = build_lib.build_chat_format(c, tokenizer)
+    env, _ = build_lib.build_env(c, tokenizer)
+    model_config = build_lib.build_model_config(c, tokenizer)
+    assert (model_config.num_layers, model_config.max_seq_len) == (30, c.model.max_seq_len)
+    TrainStep(c, env, tokenizer, model_config, chat_format)  # every length fits (prompts in SmolLM2's tokens)
+
+
 def test_unknown_setting_is_named():
     with pytest.raises(Exception, match="unknown setting .huge."):  # absl wraps it in a flags error
         config_lib.load(["train", "--config=configs/bandit.py:huge"])
