@@ -28,7 +28,8 @@ TASK = {"rollout.max_turn": 1, "rollout.max_actions_per_turn": 1, "rollout.max_a
 TINY = {**TASK, "rollout.response_length": 48, "rollout.max_model_len": 736, "model.max_seq_len": 800,
         "model.pretrained_path": WARM_START, "train.sft_steps": 0, "train.sft_oracle_prob": 0.0,
         "train.total_steps": 40}
-SMOL = {**TASK, "train.total_steps": 40}
+# SmolLM2's tokens of the Bandit prompt take ~175 positions, at most 296: rows of 448 hold it and a 128-token answer
+SMOL = {**TASK, "rollout.max_model_len": 448, "model.max_seq_len": 576, "train.total_steps": 40}
 
 
 def get_config(arg: str | None = None):

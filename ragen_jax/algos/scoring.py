@@ -155,9 +155,12 @@ class ScoreTier(NamedTuple):
 
 def group_windows(tokens: jax.Array) -> tuple[int, ...]:
     """The window widths `grouped_scoring` uses for tokens [B, L]: 64, 128, ... of at most an eighth of L - 1, where a
-    group's shared prompt is most of each row (a wider need is scored as a prefix: fewer compiled forwards)."""
+    group's shared prompt is most of each row (a wider need is scored as a prefix: fewer compiled forwards); rows too
+    short for that (L - 1 < 512) get the one window of at most half their length."""
     length = tokens.shape[1] - 1
-    return tuple(w for w in (64 << i for i in range(length.bit_length())) if 8 * w <= length)
+    widths = [64 << i for i in range(length.bit_length())]
+    eighths = tuple(w for w in widths if 8 * w <= length)
+    return eighths or tuple(w for w in widths if 2 * w <= length)[-1:]
 
 
 def scoring_tiers(tokens, positions, attention_mask, group_size: int, max_tiers: int = 0

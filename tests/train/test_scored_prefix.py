@@ -118,6 +118,15 @@ def test_each_groups_split_is_its_shared_prompt_and_the_window_holds_the_rest():
     assert scoring.prefix_widths(b.tokens, max_tiers=2) == (256, 599)
 
 
+def test_windows_are_at_most_an_eighth_of_the_length_or_one_of_at_most_half_in_short_rows():
+    def windows(length):
+        return scoring.group_windows(np.zeros((1, length), np.int32))
+
+    assert windows(GROUPED_LONG) == (64,) and windows(768) == (64,) and windows(3600) == (64, 128, 256)
+    # rows too short for a window of an eighth: one window of at most half the length
+    assert windows(512) == (128,) and windows(320) == (128,) and windows(200) == (64,) and windows(128) == ()
+
+
 def test_grouped_scoring_equals_scoring_every_row_in_full():
     """Log-probs, entropies and their gradient with each group's prompt computed once equal those of the plain
     forward of every row (the independent reference); outputs after the window are 0."""
