@@ -55,7 +55,7 @@ Params = dict[str, Any]
 _INIT_STD = 0.02  # HF initializer_range
 _MIN_QUERY_BLOCK = 64  # causal_attention splits longer sequences into query blocks of at least this size
 # cached_attention's scores per block: about a core's L2 cache (2 MiB here); with finished rows skipped, smaller blocks
-# skip more of them (the FrozenLake rollout 7-10% faster than with 8 MiB blocks, Sokoban's within the noise)
+# skip more of them (docs/performance.md#cache-sized-attention-blocks)
 _CPU_BLOCK_BYTES = 2 << 20
 
 
@@ -163,7 +163,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     q = jnp.transpose(q.reshape(B, T, K, H // K, hd), (0, 2, 3, 1, 4))  # [B, K, G, T, hd]
     if T == 1:
         # one-token decode: broadcast-multiply + reduce fuses with the read of a cache layer slice, where a batch
-        # of [G, hd] x [hd, S] dots first copies the slice (XLA:CPU); ~15% faster decode steps
+        # of [G, hd] x [hd, S] dots first copies the slice (XLA:CPU)
         scores = jnp.sum(q.astype(jnp.float32) * k[:, :, None].astype(jnp.float32), axis=-1)[:, :, :, None]
     else:
         scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
@@ -171,7 +171,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     if prior is not None:
         scores = jnp.concatenate([scores, prior[0][..., None]], axis=-1)
     # softmax with the division after the value product: [.., hd] outputs instead of [.., S] probabilities, one pass
-    # over the scores fewer (XLA:CPU runs each pass separately; chunk prefill over 1,024-2,048 slots 9-21% faster)
+    # over the scores fewer (XLA:CPU runs each pass separately)
     top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
     weights = jnp.exp(scores - top)
     total = jnp.sum(weights, axis=-1, keepdims=True).astype(v.dtype)
@@ -251,7 +251,6 @@ def cached_attention(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, layer: ja
 
         rows_of = lambda x: jnp.take(x, row_ids, axis=0)  # noqa: E731
         # each block builds its own mask: a whole [B, T, width] one would be written, then read block by block
-        # (chunk prefill over 1,024-2,048 slots ~10% faster)
         mask = kv.cache_attention_mask(rows_of(lengths), T, width, start, first)
         return attention(rows_of(q), read(k_buf), read(v_buf), mask,
                          None if prior is None else jax.tree.map(rows_of, prior))
