@@ -37,14 +37,14 @@ from experiments.warm_start import starting_model
 from ragen_jax import compile_cache
 from ragen_jax import config as config_lib
 from ragen_jax import distributed
-from ragen_jax.diagnostics import cross_logprobs, sampling
+from ragen_jax.diagnostics import cross_logprobs, families
 from ragen_jax.errors import UserInputError
 from ragen_jax.train import batch as batch_lib
 from ragen_jax.train import transcripts
 from ragen_jax.train.build import build
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import VALIDATION_TOP_P, run_keys
-from ragen_jax.train.metrics import to_floats
+from ragen_jax.train.metrics_log import to_floats
 from ragen_jax.train.step import TrainStep
 from ragen_jax.train.validation import Validator
 
@@ -84,7 +84,7 @@ def evaluation_program(config, parts, diagnostics: bool = True):
     """`run(params, temperature f32[]) -> (metrics, transcripts.Sample)`, jitted: the validation rollout, its
     metrics and, with `diagnostics`, the collapse diagnostics of the batch."""
     validator = Validator(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
-    options = sampling.CollapseOptions.from_config(config, num_groups=config.rollout.val_num_groups)
+    options = families.CollapseOptions.from_config(config, num_groups=config.rollout.val_num_groups)
     d = config.diagnostics
 
     def run(params, temperature):
@@ -92,8 +92,8 @@ def evaluation_program(config, parts, diagnostics: bool = True):
         if diagnostics:
             score = functools.partial(cross_logprobs.cross_log_probs, validator.rollout.model, params,
                                       temperature=temperature, num_tiers=options.width_tiers)
-            collapse, _ = sampling.collapse_diagnostics(score, batch_lib.reasoning_spans(traj), validator.key(),
-                                                        sampling.init_state(), options, d.std_eps, d.ema_decay)
+            collapse, _ = families.collapse_diagnostics(score, batch_lib.reasoning_spans(traj), validator.key(),
+                                                        families.init_state(), options, d.std_eps, d.ema_decay)
             metrics.update(collapse)
         return metrics, transcripts.select(traj, validator.rollout)
 

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from ragen_jax import metrics as metrics_lib  # noqa: E402
 from ragen_jax.train import transcripts  # noqa: E402
-from ragen_jax.train.metrics import read_metrics  # noqa: E402
+from ragen_jax.train.metrics_log import read_metrics  # noqa: E402
 
 PANELS = (
     ("task", ("val-env/{env}/success", "{env}/success", "{env}/episode_reward")),

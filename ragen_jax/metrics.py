@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from ragen_jax.train.metrics import read_metrics
+from ragen_jax.train.metrics_log import read_metrics
 
 SWEEP_FILE = "sweep.json"
 

@@ -100,7 +100,7 @@ def test_several_sweep_folders_pool_their_members(tmp_path, capsys):
     one group per folder, the Spearman table over every member's validated rows, one figure where --out says."""
     import json
 
-    from ragen_jax.train.metrics import MetricsWriter
+    from ragen_jax.train.metrics_log import MetricsWriter
 
     def sweep(name, members):
         folder = tmp_path / name

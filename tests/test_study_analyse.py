@@ -11,7 +11,7 @@ import pytest
 from experiments.report import spearman
 from experiments.studies import collect
 from experiments.studies.analyses import diagnostics_vs_success, filter_vs_none, gradient_buckets, template_collapse
-from ragen_jax.train.metrics import read_metrics
+from ragen_jax.train.metrics_log import read_metrics
 
 SUCCESS = "val-env/frozen_lake/success"
 ARMS = {"none": ("1.0", "True"), "zero-variance drop": ("1.0", "False"), "top-p 0.9": ("0.9", "False")}

@@ -12,7 +12,7 @@ from configs import base
 from ragen_jax import workdir
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.host import start_over
-from ragen_jax.train.metrics import MetricsWriter, read_metrics
+from ragen_jax.train.metrics_log import MetricsWriter, read_metrics
 
 
 def test_dirs_and_resume_default_to_the_workdir_unless_the_command_line_sets_them(tmp_path):

@@ -28,7 +28,7 @@ import numpy as np
 
 from ragen_jax import models
 from ragen_jax.algos import scoring, update_inputs
-from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
+from ragen_jax.diagnostics import cross_logprobs, families, gradients
 from ragen_jax.models import transformer
 from ragen_jax.train import update
 
@@ -80,7 +80,7 @@ def make_batch(rng: np.random.Generator, vocab: int):
             loss_mask[b, pos - 1:pos - 1 + RESPONSE] = 1.0  # targets = the response tokens
         lengths[b] = SYSTEM + turns * (OBS + RESPONSE)
     attention = np.arange(LENGTH)[None, :] < lengths[:, None]
-    spans = sampling.ReasoningSpans(tokens=jnp.asarray(tokens), think_start=jnp.asarray(start),
+    spans = families.ReasoningSpans(tokens=jnp.asarray(tokens), think_start=jnp.asarray(start),
                                     think_len=jnp.asarray(length), turn_taken=jnp.asarray(taken),
                                     group_ids=jnp.asarray(group_ids, jnp.int32))
     rewards = rng.integers(0, 2, (GROUPS, GROUP_SIZE)).astype(np.float32)
@@ -119,11 +119,11 @@ def main() -> None:
     # ---- the two collapse families, separately
     score_fn = functools.partial(cross_logprobs.cross_log_probs, models.DecoderLM(config), temperature=temperature)
     for name, first, multi in (("first_turn", True, False), ("trajectory", False, True)):
-        options = sampling.CollapseOptions(num_groups=GROUPS, num_samples=args.num_samples, first_turn=first,
+        options = families.CollapseOptions(num_groups=GROUPS, num_samples=args.num_samples, first_turn=first,
                                            multi_turn=multi, max_reasoning_len=RESPONSE)
-        fn = jax.jit(lambda p, s, k, st, o=options: sampling.collapse_diagnostics(
+        fn = jax.jit(lambda p, s, k, st, o=options: families.collapse_diagnostics(
             functools.partial(score_fn, p), s, k, st, o))
-        fns[name] = lambda f=fn: f(params, spans, jax.random.key(1), sampling.init_state())
+        fns[name] = lambda f=fn: f(params, spans, jax.random.key(1), families.init_state())
 
     # ---- gradient-component analysis on the same batch
     loss_hyper = hyper._replace(kl_loss_coef=jnp.float32(0.001))

@@ -1,5 +1,5 @@
 """SNR-aware filtering (docs/filtering.md): group scores, group selection, compaction, loss scaling, early stops."""
-from ragen_jax.filtering.early_stop import (
+from ragen_jax.filtering.stop_rules import (
     EmptyStopState,
     RewardVarianceState,
     ValidationSuccessState,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.diagnostics.sampling import ReasoningSpans
+from ragen_jax.diagnostics.families import ReasoningSpans
 from ragen_jax.rollout.rollout import Trajectory
 
 

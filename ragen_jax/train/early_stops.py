@@ -6,7 +6,7 @@ at a time.
     reason = stops.after_validation(success_rates)
     extra["early_stop"] = stops.to_json()          # travels in checkpoints; stops.load_json(...) restores it
 
-The rules themselves are `ragen_jax.filtering.early_stop` (pure functions of arrays): `filter.empty_stop_steps`
+The rules themselves are `ragen_jax.filtering.stop_rules` (pure functions of arrays): `filter.empty_stop_steps`
 consecutive steps whose filter kept no group; a reward-variance collapse (`filter.rv_collapse_window` /
 `rv_collapse_ratio`, reward filter metrics only); any validation success rate below `filter.val_success_floor` for
 `filter.val_success_patience` evaluations in a row.

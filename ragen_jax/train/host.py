@@ -28,7 +28,7 @@ import tqdm
 from ragen_jax import distributed
 from ragen_jax.train import transcripts
 from ragen_jax.train.checkpoint import Checkpointer
-from ragen_jax.train.metrics import MetricsWriter
+from ragen_jax.train.metrics_log import MetricsWriter
 
 
 class RunFiles(contextlib.ExitStack):

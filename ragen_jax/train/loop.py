@@ -48,7 +48,7 @@ from ragen_jax.train.build import build
 from ragen_jax.train.early_stops import EarlyStops
 from ragen_jax.train.host import RunFiles, Timed
 from ragen_jax.train.phases import PhasedStep
-from ragen_jax.train.metrics import summary_line, throughput, to_floats
+from ragen_jax.train.metrics_log import summary_line, throughput, to_floats
 from ragen_jax.train.hyper import Hyper
 from ragen_jax.train.step import TrainState, TrainStep
 from ragen_jax.train.validation import Validator

@@ -40,9 +40,9 @@ from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import estimators
 from ragen_jax.algos import rewards as rewards_lib
 from ragen_jax.algos import scoring, update_inputs
-from ragen_jax.diagnostics import cross_logprobs, gradients, sampling
+from ragen_jax.diagnostics import cross_logprobs, families, gradients
 from ragen_jax.models import lm
-from ragen_jax.rollout.metrics import rollout_metrics
+from ragen_jax.rollout.env_metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout, Trajectory
 from ragen_jax.train import batch as batch_lib
 from ragen_jax.train import transcripts, update
@@ -107,7 +107,7 @@ class TrainStep:
         state = TrainState(
             step=jnp.int32(0), actor=actor_params, actor_opt=update.optimizer_init(actor_params, o.update_config),
             critic=critic, critic_opt=update.optimizer_init(critic, o.update_config) if o.use_critic else None,
-            ref=actor_params if o.use_ref else None, collapse=sampling.init_state())
+            ref=actor_params if o.use_ref else None, collapse=families.init_state())
         return jax.tree.map(jnp.array, state)  # one buffer per leaf: the jitted step donates the state
 
     def __call__(self, state: TrainState, key: jax.Array, hyper: Hyper) -> tuple[TrainState, dict]:
@@ -145,7 +145,7 @@ class TrainStep:
         step, hyper, _, diag_key = self._begin(state, key, hyper)
         score_fn = functools.partial(cross_logprobs.cross_log_probs, self.model, state.actor,
                                      temperature=hyper.actor.temperature, num_tiers=o.collapse.width_tiers)
-        metrics, collapse_state = sampling.collapse_diagnostics_every(
+        metrics, collapse_state = families.collapse_diagnostics_every(
             step, score_fn, batch_lib.reasoning_spans(traj), diag_key, state.collapse, o.collapse, o.std_eps,
             o.ema_decay)
         return collapse_state, _f32(metrics)

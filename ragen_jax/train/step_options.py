@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from ragen_jax.algos import estimators, presets
-from ragen_jax.diagnostics import gradients, sampling
+from ragen_jax.diagnostics import families, gradients
 from ragen_jax.train import update
 
 
@@ -36,7 +36,7 @@ class StepOptions:
     std_eps: float  # diagnostics.std_eps and ema_decay of the collapse metrics
     ema_decay: float
     update_config: update.UpdateConfig
-    collapse: sampling.CollapseOptions
+    collapse: families.CollapseOptions
     grad_analysis: gradients.GradAnalysisOptions
 
     @classmethod
@@ -51,6 +51,6 @@ class StepOptions:
             loss_scaling=f.loss_scaling, use_kl_in_reward=a.use_kl_in_reward, kl_penalty=a.kl_penalty,
             adv_estimator=a.adv_estimator, advantage=estimators.AdvantageOptions.from_config(config),
             std_eps=d.std_eps, ema_decay=d.ema_decay, update_config=update.UpdateConfig.from_config(config),
-            collapse=sampling.CollapseOptions.from_config(config),
+            collapse=families.CollapseOptions.from_config(config),
             grad_analysis=gradients.GradAnalysisOptions.from_config(
                 config, chunk_rows=math.gcd(16, r.num_groups * r.group_size)))

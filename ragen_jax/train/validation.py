@@ -20,7 +20,7 @@ each validation scores the same prompts. Here the whole rollout key (env resets,
 `jax.random.key(rollout.val_seed)`: two evaluations of the same params give identical metrics, and any change
 comes from the params. The prompts are not RAGEN's seed-123 boards (our envs draw boards from JAX keys).
 
-Metric keys are RAGEN's: every key of the training rollout's env metrics (`rollout.metrics.rollout_metrics`, with
+Metric keys are RAGEN's: every key of the training rollout's env metrics (`rollout.env_metrics.rollout_metrics`, with
 the env's name as tag) prefixed by `val-env/`, e.g. `val-env/frozen_lake/success`,
 `val-env/frozen_lake/pass@1`, `val-env/response_length/mean` (RAGEN's `_validate` prefixes each env-manager
 metric the same way), so no validation key collides with a training key.
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from ragen_jax.models import lm
-from ragen_jax.rollout.metrics import rollout_metrics
+from ragen_jax.rollout.env_metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout, Trajectory
 
 PREFIX = "val-env"

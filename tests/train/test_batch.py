@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ragen_jax.diagnostics import cross_logprobs, sampling
+from ragen_jax.diagnostics import cross_logprobs, families
 from ragen_jax.models import transformer
 from ragen_jax.train import batch as batch_lib
 from ragen_jax.algos.scoring import token_logprobs
@@ -42,13 +42,13 @@ def test_template_policy_has_zero_mutual_information():
     _, traj = run(setup, params, max_len=1536, temperature=0.0)
     spans = batch_lib.reasoning_spans(jax.tree.map(jnp.asarray, traj))
     assert tokenizer.decode(traj.tokens[0, traj.think_start[0, 0]:][:traj.think_len[0, 0]]) == REASONING
-    options = sampling.CollapseOptions(num_groups=GROUPS, num_samples=8, max_reasoning_len=16)
+    options = families.CollapseOptions(num_groups=GROUPS, num_samples=8, max_reasoning_len=16)
     score = functools.partial(cross_logprobs.cross_log_probs, transformer.DecoderLM(config), params, temperature=1.0)
-    metrics, _ = jax.jit(lambda s, k: sampling.collapse_diagnostics(score, s, k, sampling.init_state(), options))(
+    metrics, _ = jax.jit(lambda s, k: families.collapse_diagnostics(score, s, k, families.init_state(), options))(
         spans, jax.random.key(0))
     metrics = {k: float(v) for k, v in metrics.items()}
     assert metrics["collapse/valid_thinking_rate"] == 1.0 and metrics["collapse/first_turn_valid_rate"] == 1.0
-    for family in (sampling.FIRST_TURN, sampling.TRAJECTORY):
+    for family in (families.FIRST_TURN, families.TRAJECTORY):
         assert abs(metrics[f"{family}/mi_estimate"]) < 1e-5
         assert abs(metrics[f"{family}/mi_seq_estimate"]) < 1e-4
         assert metrics[f"{family}/conditional_entropy_est"] > 0

@@ -11,7 +11,7 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ragen_jax.diagnostics import sampling
+from ragen_jax.diagnostics import families
 from ragen_jax.models import ModelConfig
 from ragen_jax.models.transformer import init_params, init_value_params
 from ragen_jax.train.checkpoint import Checkpointer, CheckpointWriteError
@@ -30,7 +30,7 @@ def base_state() -> TrainState:
     critic = init_value_params(MODEL, key_critic, actor)
     update_config = UpdateConfig()
     return TrainState(step=jnp.int32(0), actor=actor, actor_opt=optimizer_init(actor, update_config), critic=critic,
-                      critic_opt=optimizer_init(critic, update_config), ref=None, collapse=sampling.init_state())
+                      critic_opt=optimizer_init(critic, update_config), ref=None, collapse=families.init_state())
 
 
 def state_at(base: TrainState, step: int) -> TrainState:

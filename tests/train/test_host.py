@@ -18,7 +18,7 @@ from ragen_jax import sharding
 from ragen_jax.train import sweep as sweep_lib
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.host import RunFiles
-from ragen_jax.train.metrics import read_metrics
+from ragen_jax.train.metrics_log import read_metrics
 
 
 class Terminal(io.StringIO):

@@ -27,7 +27,7 @@ from ragen_jax.algos import presets
 from ragen_jax.train import sft, transcripts
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import run_keys, train
-from ragen_jax.train.metrics import read_metrics
+from ragen_jax.train.metrics_log import read_metrics
 from tests.tiny import TINY_FROZEN_LAKE
 
 TINY = {**TINY_FROZEN_LAKE, "diagnostics.num_samples": 4, "diagnostics.score_width_tiers": 1,

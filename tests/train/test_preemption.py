@@ -21,7 +21,7 @@ from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 from ragen_jax.train.checkpoint import Checkpointer
 from ragen_jax.train.loop import train
-from ragen_jax.train.metrics import read_metrics
+from ragen_jax.train.metrics_log import read_metrics
 from tests.tiny import TINY_BATCH, TINY_MODEL
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -18,7 +18,7 @@ from ragen_jax import metrics as metrics_lib
 from ragen_jax.algos import presets
 from ragen_jax.train import sweep as sweep_lib
 from ragen_jax.train import transcripts
-from ragen_jax.train.metrics import read_metrics
+from ragen_jax.train.metrics_log import read_metrics
 from tests.tiny import TINY_FROZEN_LAKE
 
 TINY = {**TINY_FROZEN_LAKE, "diagnostics.num_samples": 4, "diagnostics.score_width_tiers": 1,

@@ -16,7 +16,7 @@ from ragen_jax import config as config_lib
 from ragen_jax import models
 from ragen_jax.models import chat
 from ragen_jax.models.tokenizer import builtin
-from ragen_jax.rollout.metrics import rollout_metrics
+from ragen_jax.rollout.env_metrics import rollout_metrics
 from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.train.validation import Validator, should_validate, success_keys
 from tests.rollout.helpers import scripted_params

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from experiments.report import member_values
-from ragen_jax.train.metrics import read_metrics
+from ragen_jax.train.metrics_log import read_metrics
 
 
 def validation_points(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
-from ragen_jax.train.metrics import METRICS_FILE, MetricsWriter, read_metrics, summary_line
+from ragen_jax.train.metrics_log import METRICS_FILE, MetricsWriter, read_metrics, summary_line
 
 
 def fake_metrics(step: int) -> dict:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ragen_jax.diagnostics import sampling
+from ragen_jax.diagnostics import families
 
 VOCAB, GROUPS, GROUP_SIZE, TURNS, LENGTH = 16, 4, 4, 3, 40
 BATCH = GROUPS * GROUP_SIZE
@@ -31,13 +31,13 @@ def _spans(seed, group_prompt_len=5, same_group_prompts=True):
             taken[b, t], start[b, t], length[b, t] = True, pos, n
             tokens[b, pos:pos + n + 3] = rng.integers(1, VOCAB, n + 3)
             pos += n + 3 + 2  # reasoning, answer, next observation
-    return sampling.ReasoningSpans(tokens=jnp.asarray(tokens), think_start=jnp.asarray(start),
+    return families.ReasoningSpans(tokens=jnp.asarray(tokens), think_start=jnp.asarray(start),
                                    think_len=jnp.asarray(length), turn_taken=jnp.asarray(taken),
                                    group_ids=jnp.asarray(group_ids, jnp.int32))
 
 
-_first = jax.jit(jax.vmap(sampling.first_turn_pairs, in_axes=(None, 0, None, None)), static_argnums=(2, 3))
-_traj = jax.jit(jax.vmap(sampling.trajectory_uniform_pairs, in_axes=(None, 0, None)), static_argnums=2)
+_first = jax.jit(jax.vmap(families.first_turn_pairs, in_axes=(None, 0, None, None)), static_argnums=(2, 3))
+_traj = jax.jit(jax.vmap(families.trajectory_uniform_pairs, in_axes=(None, 0, None)), static_argnums=2)
 
 
 def test_first_turn_sampling_is_uniform_without_replacement():
@@ -99,14 +99,14 @@ def test_prompt_signatures_match_exact_token_tuples():
     traj = jnp.asarray(rng.integers(0, 6, 20), jnp.int32)
     length = jnp.asarray(rng.integers(0, 4, 20), jnp.int32)
     valid = jnp.asarray(rng.random(20) < 0.8)
-    prompts, kept = sampling.gather_prompts(tokens, traj, length, 12)
-    sig = np.asarray(sampling.prompt_signatures(prompts, valid))
+    prompts, kept = families.gather_prompts(tokens, traj, length, 12)
+    sig = np.asarray(families.prompt_signatures(prompts, valid))
     tuples = [tuple(np.asarray(tokens)[m, :n]) for m, n in zip(np.asarray(traj), np.asarray(length))]
     for j in range(20):
         same = [k for k in range(20) if bool(valid[k]) and tuples[k] == tuples[j]]
         if bool(valid[j]):
             assert sig[j] == same[0]
-    narrow, narrow_len = sampling.gather_prompts(tokens, traj, length, 2)  # keeps the LAST tokens
+    narrow, narrow_len = families.gather_prompts(tokens, traj, length, 2)  # keeps the LAST tokens
     for j in range(20):
         n = int(narrow_len[j])
         assert list(np.asarray(narrow[j, :n])) == list(tuples[j][len(tuples[j]) - n:])
@@ -114,7 +114,7 @@ def test_prompt_signatures_match_exact_token_tuples():
 
 @pytest.mark.parametrize("every,steps", [(5, [1, 5, 10]), (1, list(range(1, 12))), (0, [])])
 def test_should_compute_schedule(every, steps):
-    got = [s for s in range(12) if bool(sampling.should_compute(jnp.int32(s), every))]
+    got = [s for s in range(12) if bool(families.should_compute(jnp.int32(s), every))]
     assert got == steps
 
 
@@ -159,8 +159,8 @@ def _expected_family(spans, pairs, reference):
 @pytest.fixture(scope="module")
 def gated_fn():
     """The gated entry point (every 5 steps), compiled once for every test below."""
-    options = sampling.CollapseOptions(num_groups=GROUPS, num_samples=8, max_reasoning_len=6, every=5)
-    return jax.jit(lambda step, spans, key, state: sampling.collapse_diagnostics_every(
+    options = families.CollapseOptions(num_groups=GROUPS, num_samples=8, max_reasoning_len=6, every=5)
+    return jax.jit(lambda step, spans, key, state: families.collapse_diagnostics_every(
         step, _bigram_score, spans, key, state, options))
 
 
@@ -173,10 +173,10 @@ def diagnostics_fn(gated_fn):
 def test_collapse_diagnostics_end_to_end(diagnostics_fn, seed, collapse_reference):
     spans = _spans(seed)
     key = jax.random.key(seed)
-    metrics, state = diagnostics_fn(spans, key, sampling.init_state())
+    metrics, state = diagnostics_fn(spans, key, families.init_state())
     k_first, k_traj = jax.random.split(key)
-    for prefix, pairs in ((sampling.FIRST_TURN, sampling.first_turn_pairs(spans, k_first, 8, GROUPS)),
-                          (sampling.TRAJECTORY, sampling.trajectory_uniform_pairs(spans, k_traj, 8))):
+    for prefix, pairs in ((families.FIRST_TURN, families.first_turn_pairs(spans, k_first, 8, GROUPS)),
+                          (families.TRAJECTORY, families.trajectory_uniform_pairs(spans, k_traj, 8))):
         want = _expected_family(spans, pairs, collapse_reference)
         for name in want:
             assert float(metrics[f"{prefix}/{name}"]) == pytest.approx(float(want[name]), rel=1e-4, abs=1e-4), name
@@ -188,18 +188,18 @@ def test_collapse_diagnostics_end_to_end(diagnostics_fn, seed, collapse_referenc
 
 
 def test_first_turn_family_dropped_when_group_prompts_differ(diagnostics_fn):
-    metrics, state = diagnostics_fn(_spans(6, same_group_prompts=False), jax.random.key(0), sampling.init_state())
+    metrics, state = diagnostics_fn(_spans(6, same_group_prompts=False), jax.random.key(0), families.init_state())
     assert float(metrics["collapse/first_turn_prompt_mismatch"]) > 0
-    assert math.isnan(float(metrics[f"{sampling.FIRST_TURN}/mi_estimate"]))
-    assert not bool(state[sampling.FIRST_TURN]["initialised"])
-    assert not math.isnan(float(metrics[f"{sampling.TRAJECTORY}/mi_estimate"]))
+    assert math.isnan(float(metrics[f"{families.FIRST_TURN}/mi_estimate"]))
+    assert not bool(state[families.FIRST_TURN]["initialised"])
+    assert not math.isnan(float(metrics[f"{families.TRAJECTORY}/mi_estimate"]))
 
 
 def test_gate_skips_without_touching_state(gated_fn):
-    spans, state = _spans(4), sampling.init_state()
+    spans, state = _spans(4), families.init_state()
     skipped, same = gated_fn(jnp.int32(3), spans, jax.random.key(0), state)
     assert all(math.isnan(float(v)) for v in skipped.values())
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), same, state))
     ran, new = gated_fn(jnp.int32(5), spans, jax.random.key(0), state)
-    assert set(ran) == set(skipped) and not math.isnan(float(ran[f"{sampling.TRAJECTORY}/mi_estimate"]))
-    assert bool(new[sampling.TRAJECTORY]["initialised"])
+    assert set(ran) == set(skipped) and not math.isnan(float(ran[f"{families.TRAJECTORY}/mi_estimate"]))
+    assert bool(new[families.TRAJECTORY]["initialised"])
