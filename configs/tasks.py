@@ -38,6 +38,7 @@ SMOL = {
     "optim.actor_lr": 1e-6, "optim.warmup_steps": 0,
     "diagnostics.num_samples": 16, "diagnostics.collapse_every": 5,
     "rollout.val_num_groups": 64, "rollout.val_group_size": 1, "train.test_freq": 5, "train.sft_steps": 0,
+    "train.sft_micro_batch_size": 4,
     "logging.progress_bar": False,
 }
 

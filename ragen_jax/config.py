@@ -336,6 +336,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     if config.train.sft_batch_size < 0:
         raise ConfigError("train.sft_batch_size", config.train.sft_batch_size,
                           "must be >= 0 (0 = the rollout's batch size)")
+    sft_batch = config.train.sft_batch_size or config.rollout.num_groups * group_size
+    sft_micro = config.train.sft_micro_batch_size
+    if sft_micro < 0 or (sft_micro and sft_batch % sft_micro):
+        raise ConfigError("train.sft_micro_batch_size", sft_micro,
+                          f"must be 0 (the whole batch) or divide the warm-start batch of {sft_batch} rows")
     cache = config.logging.compilation_cache
     if cache not in ("", "auto") and os.path.isfile(os.path.expanduser(cache)):
         raise ConfigError("logging.compilation_cache", cache, '"auto", "" (off) or a folder, not a file')

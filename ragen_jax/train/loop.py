@@ -77,7 +77,7 @@ def initial_params(config, parts, train_step: TrainStep, sft_key: jax.Array, log
         return parts.params
     params, _ = sft.warm_start(train_step.rollout, parts.tokenizer, parts.params, parts.env_params, sft_key,
                                t.sft_steps, t.sft_lr, batch_size=t.sft_batch_size or None,
-                               oracle_prob=t.sft_oracle_prob, log=log)
+                               oracle_prob=t.sft_oracle_prob, log=log, micro_batch=t.sft_micro_batch_size or None)
     return params
 
 

@@ -75,3 +75,32 @@ def test_oracle_prob_sets_the_share_of_oracle_answers_and_batches_are_trimmed(se
     assert tokens.shape[1] % sft.WIDTH_MULTIPLE == 0 and tokens.shape[1] - sft.WIDTH_MULTIPLE < traj.length.max()
     assert attention.sum() == traj.length.sum() and loss_mask.sum() == traj.sampled.sum()
 
+
+
+def test_the_gradient_summed_over_micro_batches_is_the_whole_batchs():
+    """`sft_gradient` in chunks of 2 and of 4 rows against the mean negative log-likelihood of all rows, computed
+    here from the model's logits (the reference), and its gradient."""
+    import jax.numpy as jnp
+
+    model = models.DecoderLM(models.ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2,
+                                                num_kv_heads=1, head_dim=8, mlp_dim=32, max_seq_len=16))
+    params = model.init_params(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 32, (4, 9)).astype(np.int32)
+    positions = np.broadcast_to(np.arange(9, dtype=np.int32), (4, 9)).copy()
+    attention = np.ones((4, 9), bool)
+    loss_mask = (rng.random((4, 8)) < 0.6).astype(np.float32)
+    loss_mask[1] = 0.0  # a row without targets
+
+    def reference(params):
+        logp = jax.nn.log_softmax(model(params, tokens, positions, attention)[:, :-1], axis=-1)
+        picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+        return -(picked * loss_mask).sum() / loss_mask.sum()
+
+    want_loss, want_grads = jax.value_and_grad(reference)(params)
+    for micro in (2, 4):
+        loss, grads = jax.jit(sft.sft_gradient, static_argnums=(0, 6))(model, params, tokens, positions, attention,
+                                                                       loss_mask, micro)
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+        for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
