@@ -41,6 +41,14 @@ def target_nll(model: CausalLM, params, tokens, positions, attention, loss_mask)
     return -(logp * loss_mask).sum()
 
 
+def training_arrays(traj) -> tuple[np.ndarray, ...]:
+    """(tokens, positions, attention, loss_mask) of a demonstration batch, cut to its longest row rounded up to
+    WIDTH_MULTIPLE tokens (never beyond the buffer)."""
+    width = min(traj.tokens.shape[1], -(-int(traj.length.max()) // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
+    tokens, positions, attention, loss_mask = (np.asarray(x) for x in batch_lib.model_inputs(traj))
+    return tokens[:, :width], positions[:, :width], attention[:, :width], loss_mask[:, :width - 1]
+
+
 def sft_gradient(model: CausalLM, params, tokens, positions, attention, loss_mask, micro_batch: int):
     """(the mean negative log-likelihood of the masked targets, its gradient) of rows [B, L], summed over chunks of
     `micro_batch` rows (B a multiple of it): each chunk's `target_nll` over the whole batch's target count."""
