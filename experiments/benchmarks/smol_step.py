@@ -138,13 +138,14 @@ def torch_forward_backward(path: str, rows: dict, calls: int) -> float:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="timed steps without diagnostics (and peer calls)")
-    parser.add_argument("--quick", action="store_true", help="one timed step and call")
+    parser.add_argument("--quick", action="store_true", help="one timed step and call, diagnostics every 3 steps")
     args = parser.parse_args(argv)
     steps = 1 if args.quick else args.steps
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     cache = tempfile.mkdtemp(prefix="smol_step_xla_")
     compile_cache.enable(cache)
-    config = apply_overrides(bandit.get_config("smol"), {**BENCH, "logging.compilation_cache": cache})
+    quick = {"diagnostics.collapse_every": 3} if args.quick else {}  # steps 1-3: one without the diagnostics
+    config = apply_overrides(bandit.get_config("smol"), {**BENCH, **quick, "logging.compilation_cache": cache})
     ours, sweep = our_step(config, steps, log)
     rows = rows_of(sweep, config)
     model, params = sweep.train_step.model, sweep.parts.params
