@@ -8,9 +8,10 @@ programs (`train.phases.PhasedStep`): each phase's median over `steps` steps wit
 over `diagnostics.collapse_every`; `step_s` = rollout + prepare + update, `step_amortised_s` adds the amortised
 diagnostics. The first call's compile time of each phase is reported too.
 
-The peer: the update's forward and backward on the same 16 rows (the last step's tokens, prompt and response), as
-transformers + torch compute it from the same GGUF file (float32, eager attention, every row in full): the sum of
-the response tokens' log-probs, its gradient. Ours on the same rows: `scoring.token_logprobs` as the actor update
+The peer: the update's forward and backward on 16 rows of the step's geometry (4 groups: each a prompt of the env's
+instruction and first observation in the model's chat format, its 4 rows answering with 96-128 random tokens,
+padded to `rollout.max_model_len`), as transformers + torch compute it from the same GGUF file (float32, eager
+attention, every row in full): the sum of the answer tokens' log-probs, its gradient. Ours on the same rows: `scoring.token_logprobs` as the actor update
 calls it (rows of a group scored with their shared prompt once) and with every row in full. Each side's best of
 `steps` calls after a warm-up. Prints one JSON line.
 """
