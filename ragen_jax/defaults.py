@@ -15,9 +15,7 @@ def _model() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.arch = "transformer"  # architecture: a config.MODEL_ARCHS name (transformer = the Qwen2 / Llama-3 decoder)
     c.pretrained_path = ""  # folder with config.json + safetensors, or a .gguf file; "" = build from the sizes below
-    # qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-3b: published shapes, random weights; smollm2-135m-instruct: the GGUF
-    # checkpoint `make install` installs ("" = the sizes below)
-    c.preset = ""
+    c.preset = ""  # qwen2.5-{0.5b,1.5b,3b}: shapes, random weights; smollm2-135m-instruct: the installed GGUF
     c.vocab_size = 0  # 0 = take the tokenizer's vocabulary size
     c.d_model = 128  # hidden width
     c.num_layers = 4  # decoder blocks
@@ -36,8 +34,7 @@ def _model() -> ml_collections.ConfigDict:
 
 def _tokenizer() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    # builtin | json (a HF tokenizer.json) | gguf (a GGUF file's) | qwen2.5 | qwen3.6 (the real Qwen vocabularies)
-    c.kind = "builtin"
+    c.kind = "builtin"  # builtin | json (a HF tokenizer.json) | gguf (a GGUF file's) | qwen2.5 | qwen3.6
     c.path = ""  # kind json: folder or file holding tokenizer.json; kind gguf: the .gguf file ("" = the model's)
     c.chat_format = "plain"  # plain | chatml (Qwen) | llama3 | auto (kind gguf: the file's chat template)
     return c
