@@ -10,4 +10,4 @@
 """
 from ragen_jax.diagnostics import collapse, cross_logprobs, families, gradients, schedule
 
-__all__ = ["collapse", "cross_logprobs", "gradients", "sampling", "schedule"]
+__all__ = ["collapse", "cross_logprobs", "families", "gradients", "schedule"]
