@@ -33,7 +33,7 @@ TINY = {
 # 135M step on 2 CPU cores
 SMOL = {
     "model.preset": "smollm2-135m-instruct", "tokenizer.kind": "gguf", "tokenizer.chat_format": "auto",
-    "model.max_seq_len": 640, "rollout.max_model_len": 512, "rollout.response_length": 128,
+    "rollout.response_length": 128,  # rows (rollout.max_model_len, model.max_seq_len): each task's prompt sets them
     "rollout.num_groups": 4, "rollout.group_size": 4, "algo.ppo_mini_batch_size": 16, "algo.ppo_micro_batch_size": 4,
     "optim.actor_lr": 1e-6, "optim.warmup_steps": 0,
     "diagnostics.num_samples": 16, "diagnostics.collapse_every": 5,

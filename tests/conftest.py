@@ -47,7 +47,8 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 # worker runs them while the other idles. The heaviest files go first instead, in this order (rough cost from
 # `--durations`), then every other file in collection order.
 HEAVY_FILES = ("train/test_loop.py", "train/test_step.py", "train/test_sweep.py", "train/test_preemption.py",
-               "train/test_learning.py", "models/test_gguf.py", "train/test_sft.py", "rollout/test_rollout.py", "environments/test_fuzz.py",
+               "train/test_learning.py", "models/test_gguf.py", "train/test_sft.py", "rollout/test_rollout.py",
+               "environments/test_fuzz.py",
                "train/test_batch.py", "train/test_validation.py", "train/test_chunked_scoring.py")
 
 

@@ -220,7 +220,8 @@ VALIDATION_CASES = [  # (overrides, the message's start), one per class of check
     ({"diagnostics.grad_analysis_group_size": 1}, "config.diagnostics.grad_analysis_group_size = 1"),
     ({"train.sft_batch_size": -1}, "config.train.sft_batch_size = -1"),
     ({"train.sft_batch_size": 16, "train.sft_micro_batch_size": 5},
-     "config.train.sft_micro_batch_size = 5 is invalid: must be 0 (the whole batch) or divide the warm-start batch of 16"),
+     "config.train.sft_micro_batch_size = 5 is invalid: must be 0 (the whole batch) or divide the warm-start batch "
+     "of 16"),
     ({"tokenizer.chat_format": "auto"}, "config.tokenizer.chat_format = 'auto' is invalid: is recognised from a GGUF"),
     ({"model.preset": "qwen2.5-0.5b", "model.pretrained_path": "m"}, "config.model.preset = 'qwen2.5-0.5b'"),
     ({"tokenizer.kind": "json"}, "config.tokenizer.path = '' is invalid"),

@@ -11,8 +11,9 @@ diagnostics. The first call's compile time of each phase is reported too.
 The peer: the update's forward and backward on 16 rows of the step's geometry (4 groups: each a prompt of the env's
 instruction and first observation in the model's chat format, its 4 rows answering with 96-128 random tokens,
 padded to `rollout.max_model_len`), as transformers + torch compute it from the same GGUF file (float32, eager
-attention, every row in full): the sum of the answer tokens' log-probs, its gradient. Ours on the same rows: `scoring.token_logprobs` as the actor update
-calls it (rows of a group scored with their shared prompt once) and with every row in full. Each side's best of
+attention, every row in full): the sum of the answer tokens' log-probs, its gradient. Ours on the same rows:
+`scoring.token_logprobs` as the actor update calls it (rows of a group scored with their shared prompt once) and
+with every row in full. Each side's best of
 `steps` calls after a warm-up. Prints one JSON line.
 """
 from __future__ import annotations
@@ -50,8 +51,8 @@ def best_time(fn, calls: int) -> float:
     return min(times)
 
 
-def our_step(config, steps: int, log) -> tuple[dict, dict]:
-    """(phase timings, the last step's update rows: tokens, positions, attention and loss masks as numpy)."""
+def our_step(config, steps: int, log) -> tuple[dict, Sweep]:
+    """(the phase timings of the module doc, the one-member `Sweep` that ran them: its parts and model)."""
     sweep = Sweep(config, [{"train.seed": 0}], log=None)
     state = sweep.stack_states(sweep.initial_states())
     args = sweep.step_args([False])
@@ -158,7 +159,8 @@ def main(argv: list[str]) -> None:
            "setting": "configs/bandit.py:smol, SmolLM2-135M-Instruct, 4 x 4 rollouts of up to 128 tokens", **ours,
            "forward_backward": {"rows": list(rows["tokens"].shape), "ours_grouped_s": round(grouped, 2),
                                 "ours_full_rows_s": round(full, 2), "torch_s": round(theirs, 2),
-                                "speedup_grouped": round(theirs / grouped, 2), "speedup_full_rows": round(theirs / full, 2)}}
+                                "speedup_grouped": round(theirs / grouped, 2),
+                                "speedup_full_rows": round(theirs / full, 2)}}
     out["goals_met"] = goals_met(out, GOALS)
     print(json.dumps(out))
 

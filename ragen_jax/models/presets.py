@@ -1,8 +1,8 @@
 """Model presets (`model.preset`): published Qwen2.5 shapes with random weights, and checkpoints shipped in packages.
 
-Shape presets are for dry runs with random weights of the exact sizes. Each is the architecture part of the model's HF `config.json`, read by `hf.config_from_hf` like a
-checkpoint's, so a preset and a real checkpoint folder give the same `ModelConfig`. Sizes (Qwen/Qwen2.5-*
-`config.json`; all three: Qwen2 architecture (q/k/v bias), SiLU, vocab_size 151,936 embedding rows,
+Shape presets are for dry runs with random weights of the exact sizes. Each is the architecture part of the model's
+HF `config.json`, read by `hf.config_from_hf` like a checkpoint's, so a preset and a real checkpoint folder give the
+same `ModelConfig`. Sizes (Qwen/Qwen2.5-* `config.json`; all three: Qwen2 architecture (q/k/v bias), SiLU, vocab_size 151,936 embedding rows,
 max_position_embeddings 32,768, rope_theta 1e6, rms_norm_eps 1e-6, tied embeddings, no sliding window):
 
     preset          hidden  layers  heads  kv heads  head dim  MLP     parameters (model card)

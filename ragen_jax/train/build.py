@@ -6,9 +6,10 @@
 The env receives the rollout's action budget and thinking mode, `env.kwargs` as constructor overrides, and
 `env.success_rate` when its params have that field (FrozenLake's slip probability). The model is loaded from
 `model.pretrained_path` (HF safetensors, or a GGUF file: `models.gguf`) or a shipped `model.preset`'s file, or built
-with `model.init_seed` from the shapes of a shape `model.preset` or the `model` sizes (`build_model_config`). `check_inputs(config)` reads the files a
-config names and checks them against each other without building the model, so the entry points refuse bad input (a
-`ragen_jax.errors.UserInputError` naming the file, tensor or key) before they write anything.
+with `model.init_seed` from the shapes of a shape `model.preset` or the `model` sizes (`build_model_config`).
+`check_inputs(config)` reads the files a config names and checks them against each other without building the
+model, so the entry points refuse bad input (a `ragen_jax.errors.UserInputError` naming the file, tensor or key)
+before they write anything.
 """
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ def gguf_tokenizer_source(config) -> str:
     (`pretrained_source`); ConfigError naming `tokenizer.path` when neither is a `.gguf` file."""
     path = config.tokenizer.path or pretrained_source(config)
     if not path.endswith(gguf.SUFFIX):
-        raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='gguf' reads a .gguf file: set "
-                          "tokenizer.path, or load the model from one (model.pretrained_path or a shipped model.preset)")
+        raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='gguf' reads a .gguf file: "
+                          "set tokenizer.path, or load the model from one (model.pretrained_path or a shipped "
+                          "model.preset)")
     return existing_path("tokenizer.path", path)
 
 
