@@ -114,6 +114,7 @@ TOKENIZER_KINDS = ("builtin", "json", "gguf", *QWEN_TOKENIZERS)
 CHAT_FORMATS = ("plain", "chatml", "llama3")
 AUTO_CHAT_FORMAT = "auto"  # tokenizer.chat_format recognised from a GGUF file's tokenizer.chat_template
 COMPUTE_DTYPES = ("float32", "bfloat16")
+SFT_REASONINGS = ("env", "own")  # train.sft_reasoning (train/demonstrations.py)
 # model.arch: entry.fn(model_config) -> a `ragen_jax.models.lm.CausalLM` (the class itself), registered in its
 # architecture module, which ragen_jax/models/__init__.py imports (models/transformer.py: "transformer").
 MODEL_ARCHS = Registry("model.arch", "ragen_jax.models")
@@ -287,6 +288,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _check_choice(config, "tokenizer.chat_format", (*CHAT_FORMATS, AUTO_CHAT_FORMAT))
     _check_choice(config, "model.arch", MODEL_ARCHS)
     _check_choice(config, "model.compute_dtype", COMPUTE_DTYPES)
+    _check_choice(config, "train.sft_reasoning", SFT_REASONINGS)
     _check_choice(config, "model.preset", ("", *MODEL_PRESETS))
     _check_filter_value(config)
 

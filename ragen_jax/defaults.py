@@ -160,6 +160,7 @@ def _train() -> ml_collections.ConfigDict:
     c.sft_batch_size = 0  # distinct prompts per warm-start batch (0 = rollout.num_groups * rollout.group_size)
     c.sft_micro_batch_size = 0  # rows per gradient-accumulation chunk of a warm-start step (0 = the whole batch)
     c.sft_oracle_prob = 1.0  # q: a demonstrated answer is the oracle's with probability q, else a random valid one
+    c.sft_reasoning = "env"  # a demonstration's reasoning: env (describes the observation) | own (the model's sample)
     return c
 
 

@@ -9,6 +9,10 @@ demonstration (`TextEnv.demonstrations`: reasoning describing the observation, t
 probability `oracle_prob`, else a random valid one) followed by the end-of-turn token, and the envs step on it.
 So later turns are taught along the demonstrated trajectories, and `traj.sampled` marks the demonstrated
 tokens (the SFT targets). A response is cut at `rollout.response_length` tokens like a generated one.
+
+With `own` (a `train.own_reasoning.OwnReasoning`), a turn's reasoning is instead the model's own continuation of
+that turn's context, and `traj.sampled` marks only the closing after it (`</think><answer>...</answer>` and the end of
+turn): the targets teach the format, not the reasoning.
 """
 from __future__ import annotations
 
@@ -18,13 +22,34 @@ import numpy as np
 
 from ragen_jax.models import tokenizer as tok_lib
 from ragen_jax.rollout.rollout import Rollout, Trajectory
+from ragen_jax.train.own_reasoning import OwnReasoning
 
 
 def response_text(reasoning: str, answer: str, enable_think: bool) -> str:
     """A demonstrated response after the prefill (docs/prompts_and_parsing.md format):
     `{reasoning}</think><answer>{answer}</answer>` with thinking, `{answer}</answer>` without."""
+    return reasoning + closing_text(answer, enable_think)
+
+
+def closing_text(answer: str, enable_think: bool) -> str:
+    """What follows the reasoning in a demonstrated response: `</think><answer>{answer}</answer>` (thinking) or
+    `{answer}</answer>`."""
     answer_part = f"{answer}{tok_lib.ANSWER_CLOSE}"
-    return f"{reasoning}{tok_lib.THINK_CLOSE}{tok_lib.ANSWER_OPEN}{answer_part}" if enable_think else answer_part
+    return f"{tok_lib.THINK_CLOSE}{tok_lib.ANSWER_OPEN}{answer_part}" if enable_think else answer_part
+
+
+def response_ids(tokenizer, reasoning: str, answer: str, enable_think: bool, limit: int,
+                 own: bool) -> tuple[list[int], int]:
+    """(ids, target_from): a demonstrated response's token ids, end of turn included, at most `limit` of them, and the
+    index of its first SFT target. An env demonstration is encoded whole and is all targets (cut at `limit` like a
+    generated response); an own-reasoning one keeps its closing whole, drops reasoning tokens to fit, and only the
+    closing is a target."""
+    if not own:
+        return (tokenizer.encode(response_text(reasoning, answer, enable_think)) + [tokenizer.eos_id])[:limit], 0
+    closing = tokenizer.encode(closing_text(answer, enable_think)) + [tokenizer.eos_id]
+    thought = tokenizer.encode(reasoning)[:max(limit - len(closing), 0)] if reasoning else []
+    ids = (thought + closing)[:limit]
+    return ids, min(len(thought), len(ids))
 
 
 class Demonstrator:
@@ -33,11 +58,12 @@ class Demonstrator:
     Args:
       rollout: the `Rollout` whose layout is reproduced (its batch size is the demonstration batch size);
       tokenizer: the env's tokenizer. Calling it takes `oracle_prob`, the probability that a turn's answer is the
-      oracle's; the compiled env functions are shared by all calls.
+      oracle's; the compiled env functions are shared by all calls;
+      own: the model's own reasoning in place of the env's (see the module docstring), or None.
     """
 
-    def __init__(self, rollout: Rollout, tokenizer):
-        self.rollout, self.tokenizer = rollout, tokenizer
+    def __init__(self, rollout: Rollout, tokenizer, own: OwnReasoning | None = None):
+        self.rollout, self.tokenizer, self.own = rollout, tokenizer, own
         self._env = rollout.env
         self._reset = jax.jit(rollout._reset)
         self._chunks = jax.jit(rollout._chunks)
@@ -53,7 +79,7 @@ class Demonstrator:
             raise ValueError(f"oracle_prob must be in [0, 1], got {oracle_prob}")
         ro, tokenizer = self.rollout, self.tokenizer
         B, L, T, N = ro.batch_size, ro.max_len, ro.max_turn, ro.response_length
-        reset_key, _, step_key = jax.random.split(key, 3)
+        reset_key, gen_key, step_key = jax.random.split(key, 3)
         obs, state, group_ids = self._reset(reset_key, env_params)
         system, prefill = ro.prompts.system_ids, ro.prompts.prefill_ids
         close_len = len(ro.prompts.close_ids)
@@ -77,12 +103,18 @@ class Demonstrator:
             response[:, :len(prefill)] = prefill
             gen_len = np.zeros(B, np.int32)
             for b in np.flatnonzero(active):
-                ids = tokenizer.encode(response_text(*demos[b], self._env.enable_think)) + [tokenizer.eos_id]
-                ids = ids[:N]
+                tokens[b, cur[b]:cur[b] + chunk_len[b]] = chunk[b, :chunk_len[b]]
+            own = None
+            if self.own is not None:
+                own = self.own(jax.random.fold_in(gen_key, t), tokens, np.where(active, cur + chunk_len, 1), active,
+                               rng)
+            for b in np.flatnonzero(active):
+                reasoning, answer = demos[b]
+                ids, target_from = response_ids(tokenizer, reasoning if own is None else own[b], answer,
+                                                self._env.enable_think, N, own is not None)
                 n, start = len(ids), cur[b] + chunk_len[b]
-                tokens[b, cur[b]:start] = chunk[b, :chunk_len[b]]
                 tokens[b, start:start + n] = ids
-                sampled[b, start:start + n] = True
+                sampled[b, start + target_from:start + n] = True
                 response[b, len(prefill):len(prefill) + n] = ids
                 gen_len[b] = n
             keys = jax.random.split(jax.random.fold_in(step_key, t), B)

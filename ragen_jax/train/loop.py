@@ -44,6 +44,7 @@ from ragen_jax import config as config_lib
 from ragen_jax import compile_cache, distributed, sharding
 from ragen_jax.diagnostics import faithfulness
 from ragen_jax.train import sft, transcripts, validation
+from ragen_jax.train.own_reasoning import OwnReasoning
 from ragen_jax.train.build import build
 from ragen_jax.train.early_stops import EarlyStops
 from ragen_jax.train.host import RunFiles, Timed
@@ -75,9 +76,15 @@ def initial_params(config, parts, train_step: TrainStep, sft_key: jax.Array, log
     t = config.train
     if t.sft_steps <= 0:
         return parts.params
-    params, _ = sft.warm_start(train_step.rollout, parts.tokenizer, parts.params, parts.env_params, sft_key,
+    rollout = train_step.rollout
+    own = None
+    if t.sft_reasoning == "own":
+        own = OwnReasoning(rollout, parts.params, parts.tokenizer, temperature=config.rollout.temperature,
+                           top_p=config.rollout.top_p)
+    params, _ = sft.warm_start(rollout, parts.tokenizer, parts.params, parts.env_params, sft_key,
                                t.sft_steps, t.sft_lr, batch_size=t.sft_batch_size or None,
-                               oracle_prob=t.sft_oracle_prob, log=log, micro_batch=t.sft_micro_batch_size or None)
+                               oracle_prob=t.sft_oracle_prob, log=log, micro_batch=t.sft_micro_batch_size or None,
+                               own=own)
     return params
 
 

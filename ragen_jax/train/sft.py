@@ -29,6 +29,7 @@ from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.train import batch as batch_lib
 from ragen_jax.train import update
 from ragen_jax.train.demonstrations import Demonstrator
+from ragen_jax.train.own_reasoning import OwnReasoning
 
 WIDTH_MULTIPLE = 256  # coarse: every new width compiles the SFT step once
 
@@ -70,17 +71,18 @@ def sft_gradient(model: CausalLM, params, tokens, positions, attention, loss_mas
 
 def warm_start(rollout: Rollout, tokenizer, params, env_params, key: jax.Array, steps: int, lr: float,
                batch_size: int | None = None, oracle_prob: float = 1.0, log: Callable[[str], None] | None = print,
-               log_every: int = 20, micro_batch: int | None = None) -> tuple[object, list[float]]:
+               log_every: int = 20, micro_batch: int | None = None,
+               own: OwnReasoning | None = None) -> tuple[object, list[float]]:
     """`steps` AdamW steps (optimizer settings of `update.UpdateConfig()`) on fresh demonstration batches of
     `batch_size` distinct prompts (default: the rollout's batch size) in `rollout`'s layout, each gradient summed over
-    chunks of `micro_batch` rows (default: the whole batch; it must divide the batch). Returns (params, per-step
-    losses). Prints progress every `log_every` steps to `log`."""
+    chunks of `micro_batch` rows (default: the whole batch; it must divide the batch). `own`: demonstrations keep the
+    model's own reasoning and teach only the closing (`train.demonstrations`). Returns (params, per-step losses). Prints progress every `log_every` steps to `log`."""
     config = update.UpdateConfig()
     batch_size = batch_size or rollout.batch_size
     micro_batch = micro_batch or batch_size
     if batch_size % micro_batch:
         raise ValueError(f"SFT micro-batch {micro_batch} does not divide the SFT batch of {batch_size} rows")
-    demonstrator = Demonstrator(rollout.regrouped(batch_size, 1), tokenizer)
+    demonstrator = Demonstrator(rollout.regrouped(batch_size, 1), tokenizer, own)
 
     @jax.jit
     def train_step(params, opt_state, tokens, positions, attention, loss_mask):

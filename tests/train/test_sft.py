@@ -13,8 +13,9 @@ from ragen_jax import models
 from ragen_jax.models import chat
 from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.train import sft
-from ragen_jax.train.demonstrations import Demonstrator
-from tests.rollout.helpers import tiny_setup
+from ragen_jax.train.demonstrations import Demonstrator, closing_text
+from ragen_jax.train.own_reasoning import OwnReasoning, cut_reasoning
+from tests.rollout.helpers import REASONING, scripted_params, tiny_setup
 from tests.rollout.test_rollout import check_against_replay
 
 
@@ -75,6 +76,43 @@ def test_oracle_prob_sets_the_share_of_oracle_answers_and_batches_are_trimmed(se
     assert tokens.shape[1] % sft.WIDTH_MULTIPLE == 0 and tokens.shape[1] - sft.WIDTH_MULTIPLE < traj.length.max()
     assert attention.sum() == traj.length.sum() and loss_mask.sum() == traj.sampled.sum()
 
+
+def test_own_reasoning_keeps_the_models_words_and_targets_only_the_closing(setup):
+    """With the scripted policy (greedy: REASONING, then its own closing) as the reasoner, every demonstrated turn is a
+    word prefix of REASONING that the model wrote, then the env's answer in the format; only that closing and the end
+    of turn are SFT targets, and the layout is the rollout's on every turn."""
+    tokenizer, _, env_params, config = setup
+    rollout = make_rollout(setup, 2, 2)
+    own = OwnReasoning(rollout, scripted_params(config, tokenizer), tokenizer, temperature=0.0, top_p=1.0)
+    traj = Demonstrator(rollout, tokenizer, own)(jax.random.key(1), env_params, np.random.default_rng(0), 0.0)
+    spans = np.zeros_like(traj.sampled)
+    kept = set()
+    for b, t in zip(*np.nonzero(traj.turn_taken)):
+        start, n = traj.response_start[b, t], traj.response_len[b, t]
+        spans[b, start:start + n] = True
+        ids, targets = traj.tokens[b, start:start + n], traj.sampled[b, start:start + n]
+        first = int(np.argmax(targets))
+        assert targets[first:].all() and not targets[:first].any(), "the targets are the response's tail"
+        reasoning = tokenizer.decode(ids[:first])
+        assert reasoning == "" or (REASONING.startswith(reasoning) and REASONING[len(reasoning):][:1] in ("", " "))
+        answer = re.search("<answer>(.*)</answer>", tokenizer.decode(ids)).group(1)
+        assert ids[first:].tolist() == tokenizer.encode(closing_text(answer, True)) + [tokenizer.eos_id]
+        kept.add(reasoning)
+    assert len(kept) > 1, kept  # cut at different lengths
+    check_against_replay(setup, rollout, traj.replace(sampled=spans))
+    assert traj.format_ok[traj.turn_taken].all() and (traj.turn_taken.sum(axis=1) > 1).any()
+
+
+@pytest.mark.parametrize("text, kept", [
+    ("The teacher is safe. The trader</think><answer>x", "The teacher is safe. The trader"),
+    ("I pick the trad", "I pick the"),
+    ("I pick the trader ", "I pick the trader"),
+    ("Hmm <|im_end|>", "Hmm"),
+    ("one", ""),
+    ("  < / answer> later", ""),
+])
+def test_cut_reasoning_stops_before_a_tag_or_a_cut_word(text, kept):
+    assert cut_reasoning(text) == kept
 
 
 def test_the_gradient_summed_over_micro_batches_is_the_whole_batchs():
