@@ -30,15 +30,18 @@ TINY = {
 
 
 # SmolLM2-135M-Instruct (models/presets.py) with its file's tokenizer and chat template; a batch small enough for a
-# 135M step on 2 CPU cores
+# 135M step on 2 CPU cores. Sampling at temperature 0.7: at 1.0 the quantised 135M model writes mostly non-English
+# text. The warm start keeps the model's own reasoning and teaches only the closing (train.sft_reasoning = "own").
 SMOL = {
     "model.preset": "smollm2-135m-instruct", "tokenizer.kind": "gguf", "tokenizer.chat_format": "auto",
+    "rollout.temperature": 0.7,
     "rollout.response_length": 128,  # rows (rollout.max_model_len, model.max_seq_len): each task's prompt sets them
     "rollout.num_groups": 4, "rollout.group_size": 4, "algo.ppo_mini_batch_size": 16, "algo.ppo_micro_batch_size": 4,
     "optim.actor_lr": 1e-6, "optim.warmup_steps": 0,
     "diagnostics.num_samples": 16, "diagnostics.collapse_every": 5,
-    "rollout.val_num_groups": 64, "rollout.val_group_size": 1, "train.test_freq": 5, "train.sft_steps": 0,
-    "train.sft_micro_batch_size": 4,
+    "rollout.val_num_groups": 64, "rollout.val_group_size": 1, "train.test_freq": 5,
+    "train.sft_steps": 20, "train.sft_lr": 1e-5, "train.sft_oracle_prob": 0.0, "train.sft_reasoning": "own",
+    "train.sft_batch_size": 16, "train.sft_micro_batch_size": 4,
     "logging.progress_bar": False,
 }
 
