@@ -71,12 +71,13 @@ def sft_gradient(model: CausalLM, params, tokens, positions, attention, loss_mas
 
 def warm_start(rollout: Rollout, tokenizer, params, env_params, key: jax.Array, steps: int, lr: float,
                batch_size: int | None = None, oracle_prob: float = 1.0, log: Callable[[str], None] | None = print,
-               log_every: int = 20, micro_batch: int | None = None,
+               log_every: int | None = None, micro_batch: int | None = None,
                own: OwnReasoning | None = None) -> tuple[object, list[float]]:
     """`steps` AdamW steps (optimizer settings of `update.UpdateConfig()`) on fresh demonstration batches of
     `batch_size` distinct prompts (default: the rollout's batch size) in `rollout`'s layout, each gradient summed over
     chunks of `micro_batch` rows (default: the whole batch; it must divide the batch). `own`: demonstrations keep the
-    model's own reasoning and teach only the closing (`train.demonstrations`). Returns (params, per-step losses). Prints progress every `log_every` steps to `log`."""
+    model's own reasoning and teach only the closing (`train.demonstrations`). Returns (params, per-step losses).
+    Prints progress every `log_every` steps to `log` (default: a tenth of the steps, at most 20)."""
     config = update.UpdateConfig()
     batch_size = batch_size or rollout.batch_size
     micro_batch = micro_batch or batch_size
@@ -90,6 +91,7 @@ def warm_start(rollout: Rollout, tokenizer, params, env_params, key: jax.Array, 
         params, opt_state, _, _ = update.optimizer_step(params, opt_state, grads, jnp.float32(lr), config)
         return params, opt_state, loss
 
+    log_every = log_every or max(1, min(20, steps // 10))
     opt_state = update.optimizer_init(params, config)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
     losses, correct, cut, start = [], [], 0, time.perf_counter()
