@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 
 from experiments import cli
-from experiments.warm_start import starting_model
 from ragen_jax import compile_cache
 from ragen_jax import config as config_lib
 from ragen_jax import distributed
@@ -43,7 +42,7 @@ from ragen_jax.train import batch as batch_lib
 from ragen_jax.train import transcripts
 from ragen_jax.train.build import build
 from ragen_jax.train.checkpoint import Checkpointer
-from ragen_jax.train.loop import VALIDATION_TOP_P, run_keys
+from ragen_jax.train.loop import VALIDATION_TOP_P, run_keys, starting_model
 from ragen_jax.train.metrics_log import to_floats
 from ragen_jax.train.step import TrainStep
 from ragen_jax.train.validation import Validator

@@ -2,12 +2,15 @@
 start, recomputed here), and a run pointed at it through `model.pretrained_path` builds those parameters."""
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
 
 from configs import base
 from experiments import warm_start as warm_start_cli
+from experiments.evaluate import evaluate
 from ragen_jax import config as config_lib
 from ragen_jax.algos import presets
 from ragen_jax.train.build import build
@@ -18,7 +21,7 @@ from tests.tiny import TINY_BATCH, TINY_MODEL
 TINY = {"env.name": "bandit", **TINY_BATCH, "rollout.max_turn": 1, "rollout.max_actions_per_turn": 1,
         "rollout.max_actions_per_traj": 1, "rollout.max_model_len": 704, **TINY_MODEL, "model.max_seq_len": 720,
         "train.sft_steps": 2, "train.sft_batch_size": 2, "train.sft_oracle_prob": 0.0, "mesh.data": 1,
-        "mesh.fsdp": 1}
+        "mesh.fsdp": 1, "rollout.val_num_groups": 8}
 
 
 def tiny(**overrides):
@@ -44,8 +47,45 @@ def test_saved_warm_start_is_what_a_run_starts_from(tmp_path):
     assert moved  # the two SFT steps changed the model
 
 
+def test_the_record_remakes_the_warm_start_and_checks_its_held_out_metrics(tmp_path, monkeypatch):
+    """A folder made from the command line records its command, commit and held-out metrics (equal to an independent
+    evaluation of the saved model); a remake from the record on the same commit agrees, and one compared with a
+    record whose success is far off is refused."""
+    monkeypatch.setattr(config_lib, "load", lambda argv: tiny())  # the command's config is the tiny one
+    first = str(tmp_path / "first")
+    command = ["--config=configs/bandit.py:tiny", "--config.train.sft_steps=2"]
+    warm_start_cli.main(["warm_start.py", *command, f"--out={first}"])
+    record = warm_start_cli.read_record(first)
+    assert record["command"] == command and len(record["commit"]) in (40, len("unknown"))
+    loaded = tiny(**{"model.pretrained_path": first, "train.sft_steps": 0})
+    metrics = evaluate(loaded, (loaded.rollout.val_temperature,), log=None, diagnostics=False)
+    success = metrics[loaded.rollout.val_temperature].metrics["val-env/bandit/success"]
+    assert record["held_out"]["success"]["value"] == success and record["held_out"]["num_prompts"] == 8
+    assert record["held_out"]["success"]["standard_error"] == warm_start_cli.standard_error(success, 8)
+
+    assert warm_start_cli.remake(first, str(tmp_path / "again"), log=None)
+    record["held_out"]["success"]["value"] = 1.0 - success if abs(success - 0.5) > 0.3 else success + 0.5
+    record["held_out"]["success"]["standard_error"] = 0.01
+    with open(tmp_path / "first" / warm_start_cli.RECORD, "w") as f:
+        json.dump(record, f)
+    assert not warm_start_cli.remake(first, str(tmp_path / "third"), log=None)
+
+
+def test_standard_errors_and_agreement_worked_examples():
+    assert warm_start_cli.standard_error(0.5, 64) == 0.0625
+    assert warm_start_cli.standard_error(0.0, 4) == warm_start_cli.standard_error(0.25, 4)  # kept 1/n from 0
+    recorded = {k: {"value": 0.5, "standard_error": 0.0625} for k in warm_start_cli.HELD_OUT}
+    remade = {"success": {"value": 0.6}, "format_ok_rate": {"value": 0.7}}
+    result = warm_start_cli.agreement(recorded, remade)  # tolerance 1.96 x sqrt(2) x 0.0625 = 0.173
+    assert result["success"][3] and not result["format_ok_rate"][3]
+
+
 def test_no_steps_and_no_folder_are_refused(tmp_path):
     with pytest.raises(config_lib.ConfigError, match="train.sft_steps"):
         warm_start_cli.warm_start(tiny(**{"train.sft_steps": 0}), str(tmp_path / "w"), log=None)
     with pytest.raises(SystemExit, match="--out=DIR"):
         warm_start_cli.main(["warm_start", "--config=configs/bandit.py:tiny"])
+    with pytest.raises(SystemExit, match="no record of how this warm start was made"):
+        warm_start_cli.main(["warm_start", f"--remake={tmp_path}", f"--out={tmp_path / 'o'}"])
+    with pytest.raises(SystemExit, match="give only it and --out=DIR"):
+        warm_start_cli.main(["warm_start", f"--remake={tmp_path}", "--config.train.seed=1", f"--out={tmp_path / 'o'}"])

@@ -88,6 +88,15 @@ def initial_params(config, parts, train_step: TrainStep, sft_key: jax.Array, log
     return params
 
 
+def starting_model(config, log: Callable[[str], None] | None = print):
+    """(parts, params): the built parts (`train.build`) and the parameters a training run with `config` starts RL from
+    (its SFT warm start when `train.sft_steps` > 0, with the run's own SFT key)."""
+    config_lib.validate(config)
+    parts = build(config)
+    train_step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
+    return parts, initial_params(config, parts, train_step, run_keys(config.train.seed)[1], log)
+
+
 def make_validator(config, parts):
     """(validate, its success keys): `validate(params) -> (validation metrics, transcripts.Sample)` runs the
     validation rollout (`train.validation.Validator`, top-p VALIDATION_TOP_P) once for both its metrics and the
