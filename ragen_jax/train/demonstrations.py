@@ -12,7 +12,8 @@ tokens (the SFT targets). A response is cut at `rollout.response_length` tokens 
 
 With `own` (a `train.own_reasoning.OwnReasoning`), a turn's reasoning is instead the model's own continuation of
 that turn's context, and `traj.sampled` marks only the closing after it (`</think><answer>...</answer>` and the end of
-turn): the targets teach the format, not the reasoning.
+turn): the targets teach the format, not the reasoning. A turn whose sample was too short to keep is written with an
+empty reasoning and has no targets.
 """
 from __future__ import annotations
 
@@ -110,11 +111,14 @@ class Demonstrator:
                                rng)
             for b in np.flatnonzero(active):
                 reasoning, answer = demos[b]
-                ids, target_from = response_ids(tokenizer, reasoning if own is None else own[b], answer,
-                                                self._env.enable_think, N, own is not None)
+                if own is not None:
+                    reasoning = own[b] or ""
+                ids, target_from = response_ids(tokenizer, reasoning, answer, self._env.enable_think, N,
+                                                own is not None)
                 n, start = len(ids), cur[b] + chunk_len[b]
                 tokens[b, start:start + n] = ids
-                sampled[b, start + target_from:start + n] = True
+                if own is None or own[b] is not None:  # an own sample too short to keep teaches nothing
+                    sampled[b, start + target_from:start + n] = True
                 response[b, len(prefill):len(prefill) + n] = ids
                 gen_len[b] = n
             keys = jax.random.split(jax.random.fold_in(step_key, t), B)

@@ -79,11 +79,13 @@ def test_oracle_prob_sets_the_share_of_oracle_answers_and_batches_are_trimmed(se
 
 def test_own_reasoning_keeps_the_models_words_and_targets_only_the_closing(setup):
     """With the scripted policy (greedy: REASONING, then its own closing) as the reasoner, every demonstrated turn is a
-    word prefix of REASONING that the model wrote, then the env's answer in the format; only that closing and the end
-    of turn are SFT targets, and the layout is the rollout's on every turn."""
+    prefix of at least 2 of REASONING's words, as the model wrote them, then the env's answer in the format; only that
+    closing and the end of turn are SFT targets, and the layout is the rollout's on every turn. With more words asked
+    than the model writes, no row is a target."""
     tokenizer, _, env_params, config = setup
     rollout = make_rollout(setup, 2, 2)
-    own = OwnReasoning(rollout, scripted_params(config, tokenizer), tokenizer, temperature=0.0, top_p=1.0)
+    params = scripted_params(config, tokenizer)
+    own = OwnReasoning(rollout, params, tokenizer, temperature=0.0, top_p=1.0, min_words=2)
     traj = Demonstrator(rollout, tokenizer, own)(jax.random.key(1), env_params, np.random.default_rng(0), 0.0)
     spans = np.zeros_like(traj.sampled)
     kept = set()
@@ -94,25 +96,32 @@ def test_own_reasoning_keeps_the_models_words_and_targets_only_the_closing(setup
         first = int(np.argmax(targets))
         assert targets[first:].all() and not targets[:first].any(), "the targets are the response's tail"
         reasoning = tokenizer.decode(ids[:first])
-        assert reasoning == "" or (REASONING.startswith(reasoning) and REASONING[len(reasoning):][:1] in ("", " "))
+        assert REASONING.startswith(reasoning) and REASONING[len(reasoning):][:1] in ("", " "), reasoning
+        assert len(reasoning.split()) >= 2
         answer = re.search("<answer>(.*)</answer>", tokenizer.decode(ids)).group(1)
         assert ids[first:].tolist() == tokenizer.encode(closing_text(answer, True)) + [tokenizer.eos_id]
         kept.add(reasoning)
     assert len(kept) > 1, kept  # cut at different lengths
     check_against_replay(setup, rollout, traj.replace(sampled=spans))
     assert traj.format_ok[traj.turn_taken].all() and (traj.turn_taken.sum(axis=1) > 1).any()
+    too_few = OwnReasoning(rollout, params, tokenizer, temperature=0.0, top_p=1.0, min_words=5)
+    traj = Demonstrator(rollout, tokenizer, too_few)(jax.random.key(1), env_params, np.random.default_rng(0), 0.0)
+    assert traj.turn_taken[:, 0].all() and not traj.sampled.any()
 
 
-@pytest.mark.parametrize("text, kept", [
-    ("The teacher is safe. The trader</think><answer>x", "The teacher is safe. The trader"),
-    ("I pick the trad", "I pick the"),
-    ("I pick the trader ", "I pick the trader"),
-    ("Hmm <|im_end|>", "Hmm"),
-    ("one", ""),
-    ("  < / answer> later", ""),
+@pytest.mark.parametrize("text, complete, kept", [
+    ("The teacher is safe. The trader</think><answer>x", False,
+     {"The teacher", "The teacher is", "The teacher is safe.", "The teacher is safe. The",
+      "The teacher is safe. The trader"}),
+    ("I pick the trad", False, {"I pick", "I pick the"}),  # the last word may be cut: left out
+    ("I pick the trader", True, {"I pick", "I pick the", "I pick the trader"}),  # ended at the end of turn: whole
+    ("Hmm\n\n so <|im_end|>", True, {"Hmm\n\n so"}),
+    ("one", True, {None}),
+    ("  < / answer> later words here", False, {None}),
 ])
-def test_cut_reasoning_stops_before_a_tag_or_a_cut_word(text, kept):
-    assert cut_reasoning(text) == kept
+def test_cut_reasoning_keeps_whole_words_before_a_tag(text, complete, kept):
+    rng = np.random.default_rng(0)
+    assert {cut_reasoning(text, complete, rng, min_words=2) for _ in range(200)} == kept
 
 
 def test_the_gradient_summed_over_micro_batches_is_the_whole_batchs():
