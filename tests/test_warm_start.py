@@ -2,8 +2,6 @@
 start, recomputed here), and a run pointed at it through `model.pretrained_path` builds those parameters."""
 from __future__ import annotations
 
-import json
-
 import jax
 import numpy as np
 import pytest
@@ -49,8 +47,8 @@ def test_saved_warm_start_is_what_a_run_starts_from(tmp_path):
 
 def test_the_record_remakes_the_warm_start_and_checks_its_held_out_metrics(tmp_path, monkeypatch):
     """A folder made from the command line records its command, commit and held-out metrics (equal to an independent
-    evaluation of the saved model); a remake from the record on the same commit agrees, and one compared with a
-    record whose success is far off is refused."""
+    evaluation of the saved model); a remake from the record on the same commit agrees (a far-off record is refused:
+    `agreement` below)."""
     monkeypatch.setattr(config_lib, "load", lambda argv: tiny())  # the command's config is the tiny one
     first = str(tmp_path / "first")
     command = ["--config=configs/bandit.py:tiny", "--config.train.sft_steps=2"]
@@ -63,12 +61,9 @@ def test_the_record_remakes_the_warm_start_and_checks_its_held_out_metrics(tmp_p
     assert record["held_out"]["success"]["value"] == success and record["held_out"]["num_prompts"] == 8
     assert record["held_out"]["success"]["standard_error"] == warm_start_cli.standard_error(success, 8)
 
-    assert warm_start_cli.remake(first, str(tmp_path / "again"), log=None)
-    record["held_out"]["success"]["value"] = 1.0 - success if abs(success - 0.5) > 0.3 else success + 0.5
-    record["held_out"]["success"]["standard_error"] = 0.01
-    with open(tmp_path / "first" / warm_start_cli.RECORD, "w") as f:
-        json.dump(record, f)
-    assert not warm_start_cli.remake(first, str(tmp_path / "third"), log=None)
+    lines = []
+    assert warm_start_cli.remake(first, str(tmp_path / "again"), log=lines.append)
+    assert lines[-1].startswith(f"format_ok_rate: recorded {record['held_out']['format_ok_rate']['value']:.3f}")
 
 
 def test_standard_errors_and_agreement_worked_examples():
