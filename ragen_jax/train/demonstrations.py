@@ -11,9 +11,11 @@ So later turns are taught along the demonstrated trajectories, and `traj.sampled
 tokens (the SFT targets). A response is cut at `rollout.response_length` tokens like a generated one.
 
 With `own` (a `train.own_reasoning.OwnReasoning`), a turn's reasoning is instead the model's own continuation of
-that turn's context, and `traj.sampled` marks only the closing after it (`</think><answer>...</answer>` and the end of
-turn): the targets teach the format, not the reasoning. A turn whose sample was too short to keep is written with an
-empty reasoning and has no targets.
+that turn's context, followed by the closing (`</think><answer>...</answer>` and the end of turn). The targets are
+the whole response: on the reasoning, a sample of the model's own distribution, the loss keeps that distribution and
+teaches that the reasoning goes on there (with the loss on the closing alone, the model learned to close after its
+first word); on the closing, the format. A turn whose sample was too short to keep is written with an empty reasoning
+and has no targets.
 """
 from __future__ import annotations
 
@@ -39,18 +41,15 @@ def closing_text(answer: str, enable_think: bool) -> str:
     return f"{tok_lib.THINK_CLOSE}{tok_lib.ANSWER_OPEN}{answer_part}" if enable_think else answer_part
 
 
-def response_ids(tokenizer, reasoning: str, answer: str, enable_think: bool, limit: int,
-                 own: bool) -> tuple[list[int], int]:
-    """(ids, target_from): a demonstrated response's token ids, end of turn included, at most `limit` of them, and the
-    index of its first SFT target. An env demonstration is encoded whole and is all targets (cut at `limit` like a
-    generated response); an own-reasoning one keeps its closing whole, drops reasoning tokens to fit, and only the
-    closing is a target."""
+def response_ids(tokenizer, reasoning: str, answer: str, enable_think: bool, limit: int, own: bool) -> list[int]:
+    """A demonstrated response's token ids, end of turn included, at most `limit` of them. An env demonstration is
+    encoded whole and cut at `limit` like a generated response; an own-reasoning one keeps its closing whole and
+    drops reasoning tokens to fit."""
     if not own:
-        return (tokenizer.encode(response_text(reasoning, answer, enable_think)) + [tokenizer.eos_id])[:limit], 0
+        return (tokenizer.encode(response_text(reasoning, answer, enable_think)) + [tokenizer.eos_id])[:limit]
     closing = tokenizer.encode(closing_text(answer, enable_think)) + [tokenizer.eos_id]
     thought = tokenizer.encode(reasoning)[:max(limit - len(closing), 0)] if reasoning else []
-    ids = (thought + closing)[:limit]
-    return ids, min(len(thought), len(ids))
+    return (thought + closing)[:limit]
 
 
 class Demonstrator:
@@ -113,12 +112,11 @@ class Demonstrator:
                 reasoning, answer = demos[b]
                 if own is not None:
                     reasoning = own[b] or ""
-                ids, target_from = response_ids(tokenizer, reasoning, answer, self._env.enable_think, N,
-                                                own is not None)
+                ids = response_ids(tokenizer, reasoning, answer, self._env.enable_think, N, own is not None)
                 n, start = len(ids), cur[b] + chunk_len[b]
                 tokens[b, start:start + n] = ids
                 if own is None or own[b] is not None:  # an own sample too short to keep teaches nothing
-                    sampled[b, start + target_from:start + n] = True
+                    sampled[b, start:start + n] = True
                 response[b, len(prefill):len(prefill) + n] = ids
                 gen_len[b] = n
             keys = jax.random.split(jax.random.fold_in(step_key, t), B)

@@ -4,7 +4,8 @@ A pretrained model that reasons in its own words but never closes `</think>` or 
 closing taught. `OwnReasoning` samples the base model's continuation of each demonstration prompt (the exact
 context the rollout gives it, ending with the `<think>` prefill) and keeps its first words before anything that looks
 like a tag, a uniformly drawn number of them from MIN_WORDS up; `Demonstrator` appends the env's answer in the format
-and puts the loss only on that closing (`</think><answer>...</answer>` and the end of turn). A sample with fewer
+(`</think><answer>...</answer>` and the end of turn) and trains on the whole response: the reasoning is a sample of
+the model's own distribution, so the loss there keeps it and teaches that the reasoning goes on. A sample with fewer
 words teaches nothing (its row has no targets). So the warm start changes where the model stops and how it answers,
 not what it writes before.
 
