@@ -31,7 +31,7 @@ TINY = {
 
 # SmolLM2-135M-Instruct (models/presets.py) with its file's tokenizer and chat template; a batch small enough for a
 # 135M step on 2 CPU cores. Sampling at temperature 0.7: at 1.0 the quantised 135M model writes mostly non-English
-# text. The warm start keeps the model's own reasoning and teaches only the closing (train.sft_reasoning = "own").
+# text. The warm start keeps the model's own sampled reasoning and adds the closing (train.sft_reasoning = "own").
 SMOL = {
     "model.preset": "smollm2-135m-instruct", "tokenizer.kind": "gguf", "tokenizer.chat_format": "auto",
     "rollout.temperature": 0.7,

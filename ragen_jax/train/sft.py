@@ -76,7 +76,7 @@ def warm_start(rollout: Rollout, tokenizer, params, env_params, key: jax.Array, 
     """`steps` AdamW steps (optimizer settings of `update.UpdateConfig()`) on fresh demonstration batches of
     `batch_size` distinct prompts (default: the rollout's batch size) in `rollout`'s layout, each gradient summed over
     chunks of `micro_batch` rows (default: the whole batch; it must divide the batch). `own`: demonstrations keep the
-    model's own reasoning and teach only the closing (`train.demonstrations`). Returns (params, per-step losses).
+    model's own sampled reasoning and add the closing (`train.demonstrations`). Returns (params, per-step losses).
     Prints progress every `log_every` steps to `log` (default: a tenth of the steps, at most 20)."""
     config = update.UpdateConfig()
     batch_size = batch_size or rollout.batch_size

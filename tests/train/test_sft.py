@@ -77,32 +77,29 @@ def test_oracle_prob_sets_the_share_of_oracle_answers_and_batches_are_trimmed(se
     assert attention.sum() == traj.length.sum() and loss_mask.sum() == traj.sampled.sum()
 
 
-def test_own_reasoning_keeps_the_models_words_and_targets_only_the_closing(setup):
+def test_own_reasoning_keeps_the_models_words_then_the_closing(setup):
     """With the scripted policy (greedy: REASONING, then its own closing) as the reasoner, every demonstrated turn is a
-    prefix of at least 2 of REASONING's words, as the model wrote them, then the env's answer in the format; only that
-    closing and the end of turn are SFT targets, and the layout is the rollout's on every turn. With more words asked
-    than the model writes, no row is a target."""
+    prefix of at least 2 of REASONING's words, as the model wrote them, then the env's answer in the format, all of it
+    SFT targets, and the layout is the rollout's on every turn. With more words asked than the model writes, no row is
+    a target."""
     tokenizer, _, env_params, config = setup
     rollout = make_rollout(setup, 2, 2)
     params = scripted_params(config, tokenizer)
     own = OwnReasoning(rollout, params, tokenizer, temperature=0.0, top_p=1.0, min_words=2)
     traj = Demonstrator(rollout, tokenizer, own)(jax.random.key(1), env_params, np.random.default_rng(0), 0.0)
-    spans = np.zeros_like(traj.sampled)
     kept = set()
     for b, t in zip(*np.nonzero(traj.turn_taken)):
         start, n = traj.response_start[b, t], traj.response_len[b, t]
-        spans[b, start:start + n] = True
-        ids, targets = traj.tokens[b, start:start + n], traj.sampled[b, start:start + n]
-        first = int(np.argmax(targets))
-        assert targets[first:].all() and not targets[:first].any(), "the targets are the response's tail"
-        reasoning = tokenizer.decode(ids[:first])
+        ids = traj.tokens[b, start:start + n].tolist()
+        answer = re.search("<answer>(.*)</answer>", tokenizer.decode(ids)).group(1)
+        closing = tokenizer.encode(closing_text(answer, True)) + [tokenizer.eos_id]
+        assert ids[len(ids) - len(closing):] == closing
+        reasoning = tokenizer.decode(ids[:len(ids) - len(closing)])
         assert REASONING.startswith(reasoning) and REASONING[len(reasoning):][:1] in ("", " "), reasoning
         assert len(reasoning.split()) >= 2
-        answer = re.search("<answer>(.*)</answer>", tokenizer.decode(ids)).group(1)
-        assert ids[first:].tolist() == tokenizer.encode(closing_text(answer, True)) + [tokenizer.eos_id]
         kept.add(reasoning)
     assert len(kept) > 1, kept  # cut at different lengths
-    check_against_replay(setup, rollout, traj.replace(sampled=spans))
+    check_against_replay(setup, rollout, traj)  # the targets are exactly the responses
     assert traj.format_ok[traj.turn_taken].all() and (traj.turn_taken.sum(axis=1) > 1).any()
     too_few = OwnReasoning(rollout, params, tokenizer, temperature=0.0, top_p=1.0, min_words=5)
     traj = Demonstrator(rollout, tokenizer, too_few)(jax.random.key(1), env_params, np.random.default_rng(0), 0.0)
