@@ -26,16 +26,21 @@ def tiny(**overrides):
     return config_lib.apply_overrides(presets.preset_config(base.get_config(), "grpo"), {**TINY, **overrides})
 
 
-def test_saved_warm_start_is_what_a_run_starts_from(tmp_path):
+def test_saved_warm_start_is_what_a_run_starts_from_and_its_record_remakes_it(tmp_path, monkeypatch):
+    """The folder saved from the command line holds the loop's own warm start (recomputed here); it records its
+    command, commit and held-out metrics (equal to an independent evaluation of the saved model), and a remake from
+    the record on the same commit agrees (a far-off record is refused: `agreement` below)."""
+    monkeypatch.setattr(config_lib, "load", lambda argv: tiny())  # the command's config is the tiny one
     out = str(tmp_path / "warm")
-    warm_start_cli.warm_start(tiny(), out, log=None)
+    command = ["--config=configs/bandit.py:tiny", "--config.train.sft_steps=2"]
+    warm_start_cli.main(["warm_start.py", *command, f"--out={out}"])
 
     config = tiny()  # the loop's warm start of the same config, independently
     parts = build(config)
     step = TrainStep(config, parts.env, parts.tokenizer, parts.model_config, parts.chat_format)
     expected = initial_params(config, parts, step, run_keys(config.train.seed)[1], None)
-
-    loaded = build(tiny(**{"model.pretrained_path": out, "train.sft_steps": 0}))
+    loaded_config = tiny(**{"model.pretrained_path": out, "train.sft_steps": 0})
+    loaded = build(loaded_config)
     assert loaded.model_config == parts.model_config
     moved = False
     for got, want, init in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(expected),
@@ -44,25 +49,15 @@ def test_saved_warm_start_is_what_a_run_starts_from(tmp_path):
         moved |= not np.array_equal(np.asarray(want), np.asarray(init))
     assert moved  # the two SFT steps changed the model
 
-
-def test_the_record_remakes_the_warm_start_and_checks_its_held_out_metrics(tmp_path, monkeypatch):
-    """A folder made from the command line records its command, commit and held-out metrics (equal to an independent
-    evaluation of the saved model); a remake from the record on the same commit agrees (a far-off record is refused:
-    `agreement` below)."""
-    monkeypatch.setattr(config_lib, "load", lambda argv: tiny())  # the command's config is the tiny one
-    first = str(tmp_path / "first")
-    command = ["--config=configs/bandit.py:tiny", "--config.train.sft_steps=2"]
-    warm_start_cli.main(["warm_start.py", *command, f"--out={first}"])
-    record = warm_start_cli.read_record(first)
+    record = warm_start_cli.read_record(out)
     assert record["command"] == command and len(record["commit"]) in (40, len("unknown"))
-    loaded = tiny(**{"model.pretrained_path": first, "train.sft_steps": 0})
-    metrics = evaluate(loaded, (loaded.rollout.val_temperature,), log=None, diagnostics=False)
-    success = metrics[loaded.rollout.val_temperature].metrics["val-env/bandit/success"]
+    temperature = loaded_config.rollout.val_temperature
+    metrics = evaluate(loaded_config, (temperature,), log=None, model=(loaded, loaded.params), diagnostics=False)
+    success = metrics[temperature].metrics["val-env/bandit/success"]
     assert record["held_out"]["success"]["value"] == success and record["held_out"]["num_prompts"] == 8
     assert record["held_out"]["success"]["standard_error"] == warm_start_cli.standard_error(success, 8)
-
     lines = []
-    assert warm_start_cli.remake(first, str(tmp_path / "again"), log=lines.append)
+    assert warm_start_cli.remake(out, str(tmp_path / "again"), log=lines.append)
     assert lines[-1].startswith(f"format_ok_rate: recorded {record['held_out']['format_ok_rate']['value']:.3f}")
 
 
