@@ -10,7 +10,6 @@ Samples the shipped GGUF through transformers (its own GGUF loader; one torch th
 A reply is in the format when it closes `</think>` and then holds `<answer>...</answer>` (prefill included).
 """
 import importlib.util
-import os
 import re
 
 import torch
