@@ -30,8 +30,8 @@ TINY = {
 
 
 # SmolLM2-135M-Instruct (models/presets.py) with its file's tokenizer and chat template; a batch small enough for a
-# 135M step on 2 CPU cores. Sampling at temperature 0.7: at 1.0 the quantised 135M model writes mostly non-English
-# text. The warm start keeps the model's own sampled reasoning and adds the closing (train.sft_reasoning = "own").
+# 135M step on 2 CPU cores. Sampling at temperature 0.7: at 1.0 the quantised 135M model's samples are largely not
+# English (experiments/results/smollm2_bandit). The warm start keeps the model's own sampled text and adds the closing.
 SMOL = {
     "model.preset": "smollm2-135m-instruct", "tokenizer.kind": "gguf", "tokenizer.chat_format": "auto",
     "rollout.temperature": 0.7,

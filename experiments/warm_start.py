@@ -22,10 +22,10 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 
 from experiments.evaluate import evaluate
+from experiments.provenance import git_commit
 from ragen_jax import compile_cache
 from ragen_jax import config as config_lib
 from ragen_jax.models import hf, transformer
@@ -35,18 +35,6 @@ OUT_FLAG, REMAKE_FLAG = "--out=", "--remake="
 RECORD = "warm_start.json"
 HELD_OUT = ("success", "format_ok_rate")
 Z95 = 1.96
-
-
-def git_commit() -> tuple[str, bool]:
-    """(HEAD's hash, whether tracked files differ from it) of the repository this script is in; ("unknown", False)
-    outside a git checkout."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        diff = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root, capture_output=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown", False
-    return head.stdout.strip(), diff.returncode != 0
 
 
 def standard_error(p: float, n: int) -> float:
@@ -69,9 +57,9 @@ def held_out(config, parts, params, log=print) -> dict:
     return out
 
 
-def warm_start(config, out: str, log=print, command: list[str] | None = None) -> str:
+def warm_start(config, out: str, log=print, command: list[str] | None = None) -> dict:
     """SFT `config.train.sft_steps` steps from the config's initial model; saves the result and its record (with
-    `command`, the config arguments that gave `config`) to `out`."""
+    `command`, the config arguments that gave `config`) to `out`. Returns the record."""
     if config.train.sft_steps <= 0:
         raise config_lib.ConfigError("train.sft_steps", config.train.sft_steps, "a warm start needs at least 1 step")
     compile_cache.enable(config.logging.compilation_cache)
@@ -85,7 +73,7 @@ def warm_start(config, out: str, log=print, command: list[str] | None = None) ->
         json.dump(record, f, indent=1)
     if log:
         log(f"wrote {out}")
-    return out
+    return record
 
 
 def read_record(folder: str) -> dict:
@@ -116,9 +104,7 @@ def remake(folder: str, out: str, log=print) -> bool:
     agree (`agreement`)."""
     record = read_record(folder)
     config = config_lib.load(["warm_start", *record["command"]])
-    warm_start(config, out, log, record["command"])
-    with open(os.path.join(out, RECORD), encoding="utf-8") as f:
-        remade = json.load(f)["held_out"]
+    remade = warm_start(config, out, log, record["command"])["held_out"]
     results = agreement(record["held_out"], remade)
     for key, (was, now, tolerance, within) in results.items():
         if log:

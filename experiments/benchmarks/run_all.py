@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from experiments.benchmarks._goals import bound, figure, met, read_goals
+from experiments.provenance import git_commit
 
 FOLDER = Path(__file__).resolve().parent
 ROOT = FOLDER.parent.parent
@@ -177,10 +178,6 @@ def report(header: list[tuple[str, str]], runs: list[Run]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ running
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-
-
 def _meminfo_gib() -> str:
     with open("/proc/meminfo") as f:
         kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
@@ -211,12 +208,12 @@ def missing_peers(distribution: str = "ragen-jax") -> list[str]:
 
 def header(quick: bool) -> list[tuple[str, str]]:
     """(label, text) of the date, commit, mode and machine."""
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    commit, dirty = git_commit()
     devices = subprocess.run([sys.executable, "-c", DEVICES], cwd=ROOT, capture_output=True, text=True)
     versions = [f"{p} {v}" for p in VERSIONS if (v := _version(p))]
     return [
         ("date", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
-        ("commit", _git("rev-parse", "HEAD") + (" (tracked files modified)" if dirty else "")),
+        ("commit", commit + (" (tracked files modified)" if dirty else "")),
         ("mode", "quick (`--quick`)" if quick else "full"),
         ("CPU", _cpu_model()),
         ("cores", f"{os.cpu_count()} ({len(os.sched_getaffinity(0))} usable)"),

@@ -13,8 +13,7 @@ tokens (the SFT targets). A response is cut at `rollout.response_length` tokens 
 With `own` (a `train.own_reasoning.OwnReasoning`), a turn's reasoning is instead the model's own continuation of
 that turn's context, followed by the closing (`</think><answer>...</answer>` and the end of turn). The targets are
 the whole response: on the reasoning, a sample of the model's own distribution, the loss keeps that distribution and
-teaches that the reasoning goes on there (with the loss on the closing alone, the model learned to close after its
-first word); on the closing, the format. A turn whose sample was too short to keep is written with an empty reasoning
+teaches that the reasoning goes on there; on the closing, the format. A turn whose sample was too short to keep is written with an empty reasoning
 and has no targets.
 """
 from __future__ import annotations

@@ -44,10 +44,10 @@ from ragen_jax import config as config_lib
 from ragen_jax import compile_cache, distributed, sharding
 from ragen_jax.diagnostics import faithfulness
 from ragen_jax.train import sft, transcripts, validation
-from ragen_jax.train.own_reasoning import OwnReasoning
 from ragen_jax.train.build import build
 from ragen_jax.train.early_stops import EarlyStops
 from ragen_jax.train.host import RunFiles, Timed
+from ragen_jax.train.own_reasoning import OwnReasoning
 from ragen_jax.train.phases import PhasedStep
 from ragen_jax.train.metrics_log import summary_line, throughput, to_floats
 from ragen_jax.train.hyper import Hyper

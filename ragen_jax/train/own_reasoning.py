@@ -1,13 +1,13 @@
 """The policy's own reasoning for warm-start demonstrations (`train.sft_reasoning = "own"`).
 
-A pretrained model that reasons in its own words but never closes `</think>` or answers in the format needs only the
-closing taught. `OwnReasoning` samples the base model's continuation of each demonstration prompt (the exact
-context the rollout gives it, ending with the `<think>` prefill) and keeps its first words before anything that looks
-like a tag, a uniformly drawn number of them from MIN_WORDS up; `Demonstrator` appends the env's answer in the format
-(`</think><answer>...</answer>` and the end of turn) and trains on the whole response: the reasoning is a sample of
-the model's own distribution, so the loss there keeps it and teaches that the reasoning goes on. A sample with fewer
-words teaches nothing (its row has no targets). So the warm start changes where the model stops and how it answers,
-not what it writes before.
+For a pretrained model that writes in its own words but never closes `</think>` or answers in the format, the
+demonstrations keep its words and add the closing. `OwnReasoning` samples the base model's continuation of each
+demonstration prompt (the exact context the rollout gives it, ending with the `<think>` prefill) and keeps its first
+words before anything that looks like a tag, a uniformly drawn number of them from MIN_WORDS up; `Demonstrator`
+appends the env's answer in the format (`</think><answer>...</answer>` and the end of turn) and trains on the whole
+response: the reasoning is a sample of the model's own distribution, so the loss there keeps it and teaches that the
+reasoning goes on. A sample with fewer words teaches nothing (its row has no targets). So the warm start changes
+where the model stops and how it answers, not what it writes before.
 
     own = OwnReasoning(rollout, params, tokenizer, temperature=1.0, top_p=1.0)
     texts = own(key, context i32[B, W], context_len i32[B], active bool[B], rng)   # B strings or None
@@ -25,9 +25,7 @@ from ragen_jax.rollout import sampler
 # a tag opening or closing (`<think>`, `</answer`, `<|im_end|>`): the reasoning ends before the first one
 _TAG = re.compile(r"<\s*/?\s*[A-Za-z|]")
 _WORD = re.compile(r"\S+")
-# the fewest words a kept reasoning has: the closing is taught after some reasoning, never in place of it (with
-# prefixes of one word or none, the warm-started model learned to close at once)
-MIN_WORDS = 8
+MIN_WORDS = 8  # the fewest words a kept reasoning has: the closing is taught after some reasoning, not in place of it
 
 
 def reasoning_words(text: str, complete: bool) -> tuple[str, list[re.Match]]:
@@ -65,11 +63,11 @@ class OwnReasoning:
     def __init__(self, rollout, params, tokenizer, *, temperature: float, top_p: float, min_words: int = MIN_WORDS):
         self.rollout, self.params, self.tokenizer = rollout, params, tokenizer
         self.temperature, self.top_p, self.min_words = float(temperature), float(top_p), int(min_words)
-        self.max_tokens = rollout.response_length
 
     def sample(self, key: jax.Array, context: np.ndarray, context_len: np.ndarray,
                active: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(tokens i32[B, max_tokens], lengths i32[B], stopped bool[B]: ended by the end of turn): each active row's
+        """(tokens i32[B, N], lengths i32[B], stopped bool[B]: ended by the end of turn), N the rollout's response
+        length: each active row's
         continuation of its right-padded context i32[B, W] (context_len real tokens), from an empty cache of W
         positions (a row stops where it is full); inactive rows get length 0."""
         B, W = context.shape
@@ -77,8 +75,8 @@ class OwnReasoning:
         out, _ = sampler.generate(
             ro.model, self.params, ro.model.init_cache(B, W), jnp.asarray(context, jnp.int32),
             jnp.asarray(context_len, jnp.int32), key, jnp.float32(self.temperature), jnp.float32(self.top_p),
-            ro.stop_sequences, jnp.asarray(active), max_new_tokens=self.max_tokens, top_k=ro.top_k, pad_id=ro.pad_id,
-            num_tokens=ro.num_tokens)
+            ro.stop_sequences, jnp.asarray(active), max_new_tokens=ro.response_length, top_k=ro.top_k,
+            pad_id=ro.pad_id, num_tokens=ro.num_tokens)
         return np.asarray(out.tokens), np.asarray(out.lengths), np.asarray(out.stopped)
 
     def __call__(self, key: jax.Array, context: np.ndarray, context_len: np.ndarray, active: np.ndarray,
